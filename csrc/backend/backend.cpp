@@ -1,0 +1,126 @@
+// Backend: the facade Python drives: one base model, its adapter slots, and batched logprob computation.
+#include "backend/backend.h"
+
+#include <c10/core/GradMode.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <set>
+
+#include "batching/packing.h"
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "loss/token_logprobs.h"
+
+namespace skyrl_tx::backend {
+namespace {
+
+bool targets_group(const lora::LoraConfig& c, models::LoraGroup group) {
+  switch (group) {
+    case models::LoraGroup::kAttention: return c.train_attn;
+    case models::LoraGroup::kMlp: return c.train_mlp;
+    case models::LoraGroup::kUnembed: return c.train_unembed;
+  }
+  return false;
+}
+
+}  // namespace
+
+void BackendConfig::validate() const {
+  SKYRL_TX_CHECK(max_lora_adapters >= 1, InvalidArgument, "backend config: max_lora_adapters must be >= 1 (got ",
+                 max_lora_adapters, ")");
+  SKYRL_TX_CHECK(max_lora_rank >= 1, InvalidArgument, "backend config: max_lora_rank must be >= 1 (got ",
+                 max_lora_rank, ")");
+  SKYRL_TX_CHECK(logprobs_chunk_tokens >= 1, InvalidArgument,
+                 "backend config: logprobs_chunk_tokens must be >= 1 (got ", logprobs_chunk_tokens, ")");
+  parse_dtype(dtype);
+  parse_device(device);
+}
+
+Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights)
+    : config_(config), registry_(config.max_lora_adapters) {
+  config_.validate();
+  models::ModelOptions options;
+  options.num_slots = config.max_lora_adapters + 1;
+  options.max_rank = config.max_lora_rank;
+  options.dtype = parse_dtype(config.dtype);
+  options.device = parse_device(config.device);
+  model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
+}
+
+int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraConfig& lora_config) {
+  lora_config.validate(config_.max_lora_rank);
+  const int64_t slot = registry_.allocate(adapter_id, lora_config);
+  // One generator per adapter, consumed in module order: the same seed gives the same adapter.
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(lora_config.seed);
+  for (const auto& m : model_->lora_modules()) {
+    if (targets_group(lora_config, m.group)) {
+      m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator);
+    }
+  }
+  return slot;
+}
+
+void Backend::remove_adapter(const std::string& adapter_id) {
+  const int64_t slot = registry_.release(adapter_id);
+  for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
+}
+
+void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<std::string, at::Tensor>& weights) {
+  const int64_t slot = registry_.slot_of(adapter_id);
+  SKYRL_TX_CHECK(slot != 0, InvalidArgument, "set_adapter_weights: name an adapter, not the base model");
+  std::set<std::string> unused;
+  for (const auto& [name, tensor] : weights) unused.insert(name);
+  for (const auto& m : model_->lora_modules()) {
+    if (!m.module->slot_enabled(slot)) continue;
+    const std::string a_name = m.name + ".lora_A.weight", b_name = m.name + ".lora_B.weight";
+    auto a = weights.find(a_name), b = weights.find(b_name);
+    SKYRL_TX_CHECK(a != weights.end() && b != weights.end(), InvalidArgument, "set_adapter_weights: adapter '",
+                   adapter_id, "' targets ", m.name, " but ", a_name, " / ", b_name, " are missing");
+    m.module->set_factors(slot, a->second, b->second);
+    unused.erase(a_name);
+    unused.erase(b_name);
+  }
+  SKYRL_TX_CHECK(unused.empty(), InvalidArgument, "set_adapter_weights: unexpected tensor '", *unused.begin(),
+                 "' (not a LoRA factor of a module this adapter targets)");
+}
+
+std::map<std::string, at::Tensor> Backend::get_adapter_weights(const std::string& adapter_id) const {
+  const int64_t slot = registry_.slot_of(adapter_id);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& m : model_->lora_modules()) {
+    if (!m.module->slot_enabled(slot)) continue;
+    out[m.name + ".lora_A.weight"] = m.module->lora_a(slot).detach().to(at::kCPU, at::kFloat, false, true);
+    out[m.name + ".lora_B.weight"] = m.module->lora_b(slot).detach().to(at::kCPU, at::kFloat, false, true);
+  }
+  return out;
+}
+
+std::vector<std::string> Backend::adapter_module_names(const std::string& adapter_id) const {
+  const int64_t slot = registry_.slot_of(adapter_id);
+  std::vector<std::string> names;
+  for (const auto& m : model_->lora_modules()) {
+    if (slot != 0 && m.module->slot_enabled(slot)) names.push_back(m.name);
+  }
+  return names;
+}
+
+std::vector<at::Tensor> Backend::token_logprobs(const std::vector<at::Tensor>& input_tokens,
+                                                const std::vector<at::Tensor>& target_tokens,
+                                                const std::vector<std::string>& adapter_ids) const {
+  std::vector<int64_t> slots;
+  slots.reserve(adapter_ids.size());
+  for (const auto& id : adapter_ids) slots.push_back(registry_.slot_of(id));
+  c10::NoGradGuard no_grad;
+  const auto& options = model_->options();
+  batching::PackedBatch batch =
+      batching::pack_sequences(input_tokens, target_tokens, slots, model_config().vocab_size, options.device);
+  at::Tensor hidden = model_->hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments);
+  at::Tensor logprobs = loss::token_logprobs(model_->lm_head(), hidden, batch.target_ids.reshape({-1}),
+                                             batch.segments, config_.logprobs_chunk_tokens);  // [B * T]
+  std::vector<at::Tensor> out;
+  for (at::Tensor& t : batching::unpack_tokens(logprobs.to(at::kCPU), batch)) out.push_back(t.clone());
+  return out;
+}
+
+}  // namespace skyrl_tx::backend

@@ -1,0 +1,28 @@
+// Binds Backend (held by shared_ptr); heavy calls release the GIL.
+#include <pybind11/stl.h>
+
+#include "backend/backend.h"
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace skyrl_tx::bindings {
+
+void bind_backend(py::module_& m) {
+  using backend::Backend;
+  using Release = py::call_guard<py::gil_scoped_release>;
+  py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
+      .def(py::init<const models::ModelConfig&, const backend::BackendConfig&, models::WeightMap>(),
+           py::arg("model_config"), py::arg("config"), py::arg("weights"), Release())
+      .def("create_adapter", &Backend::create_adapter, py::arg("adapter_id"), py::arg("lora_config"), Release())
+      .def("remove_adapter", &Backend::remove_adapter, py::arg("adapter_id"), Release())
+      .def("set_adapter_weights", &Backend::set_adapter_weights, py::arg("adapter_id"), py::arg("weights"), Release())
+      .def("get_adapter_weights", &Backend::get_adapter_weights, py::arg("adapter_id"), Release())
+      .def("adapter_module_names", &Backend::adapter_module_names, py::arg("adapter_id"))
+      .def("token_logprobs", &Backend::token_logprobs, py::arg("input_tokens"), py::arg("target_tokens"),
+           py::arg("adapter_ids"), Release())
+      .def_property_readonly("model_config", &Backend::model_config)
+      .def_property_readonly("config", &Backend::config);
+}
+
+}  // namespace skyrl_tx::bindings

@@ -1,0 +1,63 @@
+// Binds the plain config structs: ModelConfig, RopeScaling, LoraConfig, BackendConfig.
+#include "backend/backend_config.h"
+#include "bindings/bindings.h"
+#include "lora/lora_config.h"
+#include "models/model_config.h"
+
+namespace py = pybind11;
+
+namespace skyrl_tx::bindings {
+
+void bind_models(py::module_& m) {
+  using models::ModelConfig;
+  using models::RopeScaling;
+  py::class_<RopeScaling>(m, "RopeScaling")
+      .def(py::init<>())
+      .def_readwrite("type", &RopeScaling::type)
+      .def_readwrite("factor", &RopeScaling::factor)
+      .def_readwrite("low_freq_factor", &RopeScaling::low_freq_factor)
+      .def_readwrite("high_freq_factor", &RopeScaling::high_freq_factor)
+      .def_readwrite("original_max_position_embeddings", &RopeScaling::original_max_position_embeddings);
+  py::class_<ModelConfig>(m, "ModelConfig")
+      .def(py::init<>())
+      .def_readwrite("architecture", &ModelConfig::architecture)
+      .def_readwrite("vocab_size", &ModelConfig::vocab_size)
+      .def_readwrite("hidden_size", &ModelConfig::hidden_size)
+      .def_readwrite("intermediate_size", &ModelConfig::intermediate_size)
+      .def_readwrite("num_hidden_layers", &ModelConfig::num_hidden_layers)
+      .def_readwrite("num_attention_heads", &ModelConfig::num_attention_heads)
+      .def_readwrite("num_key_value_heads", &ModelConfig::num_key_value_heads)
+      .def_readwrite("head_dim", &ModelConfig::head_dim)
+      .def_readwrite("max_position_embeddings", &ModelConfig::max_position_embeddings)
+      .def_readwrite("rope_theta", &ModelConfig::rope_theta)
+      .def_readwrite("rms_norm_eps", &ModelConfig::rms_norm_eps)
+      .def_readwrite("qk_norm", &ModelConfig::qk_norm)
+      .def_readwrite("tie_word_embeddings", &ModelConfig::tie_word_embeddings)
+      .def_readwrite("attention_bias", &ModelConfig::attention_bias)
+      .def_readwrite("mlp_bias", &ModelConfig::mlp_bias)
+      .def_readwrite("rope_scaling", &ModelConfig::rope_scaling)
+      .def("validate", &ModelConfig::validate);
+
+  using lora::LoraConfig;
+  py::class_<LoraConfig>(m, "LoraConfig")
+      .def(py::init<>())
+      .def_readwrite("rank", &LoraConfig::rank)
+      .def_readwrite("alpha", &LoraConfig::alpha)
+      .def_readwrite("seed", &LoraConfig::seed)
+      .def_readwrite("train_attn", &LoraConfig::train_attn)
+      .def_readwrite("train_mlp", &LoraConfig::train_mlp)
+      .def_readwrite("train_unembed", &LoraConfig::train_unembed);
+
+  using backend::BackendConfig;
+  py::class_<BackendConfig>(m, "BackendConfig")
+      .def(py::init<>())
+      .def_readwrite("max_lora_adapters", &BackendConfig::max_lora_adapters)
+      .def_readwrite("max_lora_rank", &BackendConfig::max_lora_rank)
+      .def_readwrite("dtype", &BackendConfig::dtype)
+      .def_readwrite("device", &BackendConfig::device)
+      .def_readwrite("logprobs_chunk_tokens", &BackendConfig::logprobs_chunk_tokens)
+      .def_readwrite("seed", &BackendConfig::seed)
+      .def("validate", &BackendConfig::validate);
+}
+
+}  // namespace skyrl_tx::bindings

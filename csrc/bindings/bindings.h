@@ -1,0 +1,13 @@
+// Declarations of the per-area binding functions that module.cpp calls.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace skyrl_tx::bindings {
+
+void bind_errors(pybind11::module_& m);
+void bind_models(pybind11::module_& m);
+void bind_backend(pybind11::module_& m);
+void bind_dist(pybind11::module_& m);
+
+}  // namespace skyrl_tx::bindings

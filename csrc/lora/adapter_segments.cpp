@@ -1,0 +1,50 @@
+// AdapterSegments: contiguous token ranges of a flattened batch that share one adapter slot.
+#include "lora/adapter_segments.h"
+
+#include <algorithm>
+
+#include "common/errors.h"
+
+namespace skyrl_tx::lora {
+
+AdapterSegments AdapterSegments::from_sorted_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row) {
+  std::vector<Segment> segments;
+  for (size_t row = 0; row < slot_per_row.size(); ++row) {
+    const int64_t slot = slot_per_row[row];
+    const int64_t begin = static_cast<int64_t>(row) * tokens_per_row;
+    if (!segments.empty() && segments.back().slot == slot) {
+      segments.back().length += tokens_per_row;
+      continue;
+    }
+    SKYRL_TX_INTERNAL_ASSERT(segments.empty() || segments.back().slot < slot, "rows must be sorted by slot");
+    segments.push_back({slot, begin, tokens_per_row});
+  }
+  return AdapterSegments(std::move(segments));
+}
+
+AdapterSegments AdapterSegments::uniform(int64_t slot, int64_t num_tokens) {
+  return AdapterSegments({{slot, 0, num_tokens}});
+}
+
+AdapterSegments AdapterSegments::slice(int64_t begin, int64_t length) const {
+  std::vector<Segment> out;
+  const int64_t end = begin + length;
+  for (const Segment& s : segments_) {
+    const int64_t lo = std::max(begin, s.begin);
+    const int64_t hi = std::min(end, s.begin + s.length);
+    if (lo < hi) out.push_back({s.slot, lo - begin, hi - lo});
+  }
+  return AdapterSegments(std::move(out));
+}
+
+int64_t AdapterSegments::num_tokens() const {
+  int64_t n = 0;
+  for (const Segment& s : segments_) n += s.length;
+  return n;
+}
+
+bool AdapterSegments::only_base() const {
+  return std::all_of(segments_.begin(), segments_.end(), [](const Segment& s) { return s.slot == 0; });
+}
+
+}  // namespace skyrl_tx::lora

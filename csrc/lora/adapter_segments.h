@@ -1,0 +1,37 @@
+// AdapterSegments: contiguous token ranges of a flattened batch that share one adapter slot.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace skyrl_tx::lora {
+
+struct Segment {
+  int64_t slot;   // 0 = base model, no adapter
+  int64_t begin;  // first token row in the flattened [N, hidden] activations
+  int64_t length;
+};
+
+/// Rows of a batch sorted by slot, so each adapter's LoRA is one matmul over a contiguous range
+/// (the ATen twin of a segmented "SGMV" kernel, Chen et al. 2023, Punica).
+class AdapterSegments {
+ public:
+  AdapterSegments() = default;
+  explicit AdapterSegments(std::vector<Segment> segments) : segments_(std::move(segments)) {}
+
+  /// slot_per_row must already be sorted (non-decreasing); each row holds `tokens_per_row` tokens.
+  static AdapterSegments from_sorted_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
+  /// All `num_tokens` rows use one slot.
+  static AdapterSegments uniform(int64_t slot, int64_t num_tokens);
+
+  /// The segments overlapping [begin, begin + length), clipped and rebased to start at 0.
+  AdapterSegments slice(int64_t begin, int64_t length) const;
+  const std::vector<Segment>& segments() const { return segments_; }
+  int64_t num_tokens() const;
+  bool only_base() const;
+
+ private:
+  std::vector<Segment> segments_;
+};
+
+}  // namespace skyrl_tx::lora

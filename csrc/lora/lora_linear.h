@@ -1,0 +1,52 @@
+// LoraLinear: a frozen base linear layer plus stacked per-slot LoRA factors, applied per token segment.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+#include "lora/adapter_segments.h"
+
+namespace skyrl_tx::lora {
+
+/// y = x W^T (+ b) + scaling[slot] * B[slot] (A[slot] x)   (Hu et al. 2021, "LoRA", eq. 3)
+/// NOTE: slot 0 is reserved for "no adapter": its rank stays 0 and its factors stay zero.
+class LoraLinear {
+ public:
+  /// weight: [out, in] in the compute dtype; bias: [out] or undefined. Factors are float32 masters.
+  LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, int64_t max_rank);
+
+  /// x: [N, in] → [N, out]. Segments with slot 0, or a slot not enabled here, get the base output only.
+  at::Tensor forward(const at::Tensor& x, const AdapterSegments& segments) const;
+
+  /// Enables LoRA for `slot` with `rank` and `scaling`; A ~ kaiming-uniform(a=sqrt(5)) from `generator`
+  /// (PEFT's default init), B = 0 so the fresh adapter equals the base model.
+  void enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator);
+  /// Disables the slot and zeroes its factors (and their gradients), so nothing leaks to the next tenant.
+  void disable_slot(int64_t slot);
+  bool slot_enabled(int64_t slot) const { return ranks_.at(slot) > 0; }
+  int64_t slot_rank(int64_t slot) const { return ranks_.at(slot); }
+
+  /// PEFT orientation: A [rank, in], B [out, rank]. Views of the masters (narrowed to the slot's rank).
+  at::Tensor lora_a(int64_t slot) const;
+  at::Tensor lora_b(int64_t slot) const;
+  /// Copies PEFT-oriented factors into the slot; throws InvalidArgument on shape mismatch.
+  void set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b);
+
+  const at::Tensor& weight() const { return weight_; }
+  at::Tensor& stacked_a() { return a_; }
+  at::Tensor& stacked_b() { return b_; }
+  int64_t in_features() const { return weight_.size(1); }
+  int64_t out_features() const { return weight_.size(0); }
+
+ private:
+  at::Tensor weight_;  // [out, in], frozen
+  at::Tensor bias_;    // [out] or undefined
+  at::Tensor a_;       // [S, max_rank, in] float32, requires grad
+  at::Tensor b_;       // [S, out, max_rank] float32, requires grad
+  std::vector<int64_t> ranks_;    // [S]; 0 = LoRA off for this slot in this module
+  std::vector<double> scalings_;  // [S]
+};
+
+}  // namespace skyrl_tx::lora

@@ -1,0 +1,42 @@
+// CausalLM: the shared Qwen3 / Llama 3 decoder stack: embed → layers → final norm → lm_head (LoRA-capable).
+#include "models/causal_lm.h"
+
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+
+CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options)
+    : config_(config), options_(options), rope_(config) {
+  config_.validate();
+  WeightStore store(std::move(weights), options.dtype, options.device);
+  BuildContext ctx{store, options.num_slots, options.max_rank};
+  embed_tokens_ = store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i)));
+  }
+  norm_ = std::make_unique<RmsNorm>(store.take("model.norm.weight", {config.hidden_size}), config.rms_norm_eps);
+  at::Tensor head = config.tie_word_embeddings
+                        ? store.take_optional("lm_head.weight", {config.vocab_size, config.hidden_size})
+                        : store.take("lm_head.weight", {config.vocab_size, config.hidden_size});
+  // Tied checkpoints usually omit lm_head.weight; some repeat it. Either way tied means "use the embedding".
+  if (config.tie_word_embeddings) head = embed_tokens_;
+  lm_head_ = std::make_unique<lora::LoraLinear>(head, at::Tensor(), options.num_slots, options.max_rank);
+  store.finish();
+
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers_[i]->collect_lora(str_cat("model.layers.", i), lora_modules_);
+  }
+  lora_modules_.push_back({"lm_head", LoraGroup::kUnembed, lm_head_.get()});
+}
+
+at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,
+                                   const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+  SKYRL_TX_INTERNAL_ASSERT(segments.num_tokens() == input_ids.numel(), "segments must cover the batch");
+  at::Tensor h = at::embedding(embed_tokens_, input_ids);  // [B, T, hidden]
+  auto [cos, sin] = rope_.cos_sin(positions, h.scalar_type());  // [B, T, head_dim]
+  for (const auto& layer : layers_) h = layer->forward(h, cos, sin, mask, segments);
+  h = norm_->forward(h);
+  return h.reshape({-1, h.size(-1)});
+}
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,48 @@
+// CausalLM: the shared Qwen3 / Llama 3 decoder stack: embed → layers → final norm → lm_head (LoRA-capable).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "models/layers.h"
+#include "models/rope.h"
+
+namespace skyrl_tx::models {
+
+struct ModelOptions {
+  int64_t num_slots = 2;  // adapter slots including slot 0 (base)
+  int64_t max_rank = 32;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+class CausalLM {
+ public:
+  /// Builds the model from HF-named weights. Throws InvalidArgument listing missing/unexpected keys.
+  CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options);
+
+  /// input_ids, positions: int64 [B, T]; rows sorted so `segments` are contiguous per adapter.
+  /// Returns final-norm hidden states [B * T, hidden] in the compute dtype.
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionMask& mask,
+                           const lora::AdapterSegments& segments) const;
+
+  const lora::LoraLinear& lm_head() const { return *lm_head_; }
+  /// Every LoRA-capable linear with its HF module path and target group (stable order).
+  const std::vector<NamedLoraModule>& lora_modules() const { return lora_modules_; }
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+
+ private:
+  ModelConfig config_;
+  ModelOptions options_;
+  at::Tensor embed_tokens_;  // [vocab, hidden]
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  std::unique_ptr<RmsNorm> norm_;
+  std::unique_ptr<lora::LoraLinear> lm_head_;  // weight shares storage with embed_tokens_ when tied
+  RotaryEmbedding rope_;
+  std::vector<NamedLoraModule> lora_modules_;
+};
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,61 @@
+// WeightStore: hands Hugging Face-named tensors to modules, collecting missing/unexpected/mis-shaped keys.
+#include "models/hf_weights.h"
+
+#include <algorithm>
+
+#include "common/dtype.h"
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+namespace {
+
+std::string join_first(std::vector<std::string> keys, size_t limit = 8) {
+  std::sort(keys.begin(), keys.end());
+  std::string out;
+  for (size_t i = 0; i < keys.size() && i < limit; ++i) out += (i ? ", " : "") + keys[i];
+  if (keys.size() > limit) out += str_cat(", ... (", keys.size() - limit, " more)");
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device)
+    : weights_(std::move(weights)), dtype_(dtype), device_(device) {}
+
+at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef shape) {
+  auto it = weights_.find(name);
+  if (it == weights_.end()) return at::Tensor();
+  at::Tensor t = std::move(it->second);
+  weights_.erase(it);
+  if (t.sizes() != shape) {
+    mismatched_.push_back(str_cat(name, " (got ", shape_str(t), ", expected ", shape, ")"));
+    return at::zeros(shape, at::TensorOptions().dtype(dtype_).device(device_));
+  }
+  return t.to(device_, dtype_).contiguous();
+}
+
+at::Tensor WeightStore::take(const std::string& name, at::IntArrayRef shape) {
+  at::Tensor t = take_optional(name, shape);
+  if (t.defined()) return t;
+  missing_.push_back(name);
+  return at::zeros(shape, at::TensorOptions().dtype(dtype_).device(device_));
+}
+
+void WeightStore::finish() const {
+  std::vector<std::string> unexpected;
+  for (const auto& [name, tensor] : weights_) {
+    if (!ends_with(name, "rotary_emb.inv_freq")) unexpected.push_back(name);
+  }
+  if (missing_.empty() && mismatched_.empty() && unexpected.empty()) return;
+  std::string message = "load weights: checkpoint does not match the model config";
+  if (!missing_.empty()) message += "; missing keys: " + join_first(missing_);
+  if (!mismatched_.empty()) message += "; shape mismatch: " + join_first(mismatched_);
+  if (!unexpected.empty()) message += "; unexpected keys: " + join_first(unexpected);
+  throw InvalidArgument(message + "; check that config.json belongs to these safetensors files");
+}
+
+}  // namespace skyrl_tx::models

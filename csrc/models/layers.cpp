@@ -1,0 +1,113 @@
+// Decoder building blocks: RMSNorm, grouped-query attention (optional q/k norm), SwiGLU MLP, decoder layer.
+#include "models/layers.h"
+
+#include <cmath>
+
+#include "ops/fused_rmsnorm.h"
+#include "models/rope.h"
+
+namespace skyrl_tx::models {
+
+lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in, bool bias) {
+  at::Tensor w = ctx.weights.take(prefix + ".weight", {out, in});
+  at::Tensor b = bias ? ctx.weights.take(prefix + ".bias", {out}) : at::Tensor();
+  return lora::LoraLinear(std::move(w), std::move(b), ctx.num_slots, ctx.max_rank);
+}
+
+at::Tensor RmsNorm::forward(const at::Tensor& x) const {
+  if (ops::can_use_fused_rmsnorm(x)) return ops::fused_rmsnorm(x, weight_, eps_);
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  return weight_ * (x32 * at::rsqrt(variance + eps_)).to(x.scalar_type());
+}
+
+Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
+    : num_heads_(config.num_attention_heads),
+      num_kv_heads_(config.num_key_value_heads),
+      head_dim_(config.resolved_head_dim()),
+      q_proj_(make_lora_linear(ctx, prefix + ".q_proj", num_heads_ * head_dim_, config.hidden_size,
+                               config.attention_bias)),
+      k_proj_(make_lora_linear(ctx, prefix + ".k_proj", num_kv_heads_ * head_dim_, config.hidden_size,
+                               config.attention_bias)),
+      v_proj_(make_lora_linear(ctx, prefix + ".v_proj", num_kv_heads_ * head_dim_, config.hidden_size,
+                               config.attention_bias)),
+      o_proj_(make_lora_linear(ctx, prefix + ".o_proj", config.hidden_size, num_heads_ * head_dim_,
+                               config.attention_bias)) {
+  if (config.qk_norm) {
+    qk_norm_.emplace_back(ctx.weights.take(prefix + ".q_norm.weight", {head_dim_}), config.rms_norm_eps);
+    qk_norm_.emplace_back(ctx.weights.take(prefix + ".k_norm.weight", {head_dim_}), config.rms_norm_eps);
+  }
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
+  // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
+  at::Tensor q = q_proj_.forward(flat, segments).view({batch, seq, num_heads_, head_dim_});
+  at::Tensor k = k_proj_.forward(flat, segments).view({batch, seq, num_kv_heads_, head_dim_});
+  at::Tensor v = v_proj_.forward(flat, segments).view({batch, seq, num_kv_heads_, head_dim_});
+  if (!qk_norm_.empty()) {  // Qwen3: per-head RMSNorm before RoPE
+    q = qk_norm_[0].forward(q);
+    k = qk_norm_[1].forward(k);
+  }
+  // [B, heads, T, D]
+  q = RotaryEmbedding::apply(q.transpose(1, 2), cos, sin);
+  k = RotaryEmbedding::apply(k.transpose(1, 2), cos, sin);
+  v = v.transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  const bool causal = !mask.mask.defined();
+  // attn: [B, heads, T, D]; enable_gqa lets SDPA broadcast kv heads without materialising repeats.
+  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, causal ? std::nullopt : std::optional(mask.mask),
+                                                     0.0, causal, scale, /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
+  return o_proj_.forward(merged, segments).view({batch, seq, -1});
+}
+
+void Attention::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
+  out.push_back({prefix + ".q_proj", LoraGroup::kAttention, &q_proj_});
+  out.push_back({prefix + ".k_proj", LoraGroup::kAttention, &k_proj_});
+  out.push_back({prefix + ".v_proj", LoraGroup::kAttention, &v_proj_});
+  out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_});
+}
+
+SwiGluMlp::SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
+    : gate_proj_(make_lora_linear(ctx, prefix + ".gate_proj", config.intermediate_size, config.hidden_size,
+                                  config.mlp_bias)),
+      up_proj_(make_lora_linear(ctx, prefix + ".up_proj", config.intermediate_size, config.hidden_size,
+                                config.mlp_bias)),
+      down_proj_(make_lora_linear(ctx, prefix + ".down_proj", config.hidden_size, config.intermediate_size,
+                                  config.mlp_bias)) {}
+
+at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
+  at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
+  return down_proj_.forward(gated, segments);
+}
+
+void SwiGluMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
+  out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_});
+  out.push_back({prefix + ".up_proj", LoraGroup::kMlp, &up_proj_});
+  out.push_back({prefix + ".down_proj", LoraGroup::kMlp, &down_proj_});
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
+    : input_layernorm_(ctx.weights.take(prefix + ".input_layernorm.weight", {config.hidden_size}),
+                       config.rms_norm_eps),
+      post_attention_layernorm_(ctx.weights.take(prefix + ".post_attention_layernorm.weight", {config.hidden_size}),
+                                config.rms_norm_eps),
+      self_attn_(config, ctx, prefix + ".self_attn"),
+      mlp_(config, ctx, prefix + ".mlp") {}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+  at::Tensor h = x + self_attn_.forward(input_layernorm_.forward(x), cos, sin, mask, segments);
+  at::Tensor normed = post_attention_layernorm_.forward(h);
+  return h + mlp_.forward(normed.reshape({-1, normed.size(-1)}), segments).view_as(h);
+}
+
+void DecoderLayer::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
+  self_attn_.collect_lora(prefix + ".self_attn", out);
+  mlp_.collect_lora(prefix + ".mlp", out);
+}
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,90 @@
+// Decoder building blocks: RMSNorm, grouped-query attention (optional q/k norm), SwiGLU MLP, decoder layer.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "lora/lora_linear.h"
+#include "models/hf_weights.h"
+#include "models/model_config.h"
+
+namespace skyrl_tx::models {
+
+/// Which LoRA target group a linear layer belongs to (the SDK's train_attn / train_mlp / train_unembed).
+enum class LoraGroup { kAttention, kMlp, kUnembed };
+
+struct NamedLoraModule {
+  std::string name;  // HF module path, e.g. "model.layers.0.self_attn.q_proj"
+  LoraGroup group;
+  lora::LoraLinear* module;
+};
+
+/// What every block needs to build its LoRA-capable linears.
+struct BuildContext {
+  WeightStore& weights;
+  int64_t num_slots;
+  int64_t max_rank;
+};
+
+class RmsNorm {
+ public:
+  RmsNorm(at::Tensor weight, double eps) : weight_(std::move(weight)), eps_(eps) {}
+  /// Normalises over the last dim in float32, then scales in the input dtype (as transformers does).
+  at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  at::Tensor weight_;  // [dim]
+  double eps_;
+};
+
+/// Causal attention with padding: `mask` is undefined when every row is full length (then SDPA's
+/// is_causal fast path), else a bool [B, 1, T, T] with true = may attend.
+struct AttentionMask {
+  at::Tensor mask;
+};
+
+class Attention {
+ public:
+  Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// x: [B, T, hidden]; cos/sin: [B, T, head_dim] → [B, T, hidden].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
+                     const lora::AdapterSegments& segments) const;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  lora::LoraLinear q_proj_, k_proj_, v_proj_, o_proj_;
+  std::vector<RmsNorm> qk_norm_;  // empty, or {q_norm, k_norm} for Qwen3
+};
+
+class SwiGluMlp {
+ public:
+  SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
+  at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+
+ private:
+  lora::LoraLinear gate_proj_, up_proj_, down_proj_;
+};
+
+class DecoderLayer {
+ public:
+  DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// Pre-norm residual block. x: [B, T, hidden] → [B, T, hidden].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
+                     const lora::AdapterSegments& segments) const;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+
+ private:
+  RmsNorm input_layernorm_, post_attention_layernorm_;
+  Attention self_attn_;
+  SwiGluMlp mlp_;
+};
+
+/// Builds a LoraLinear from "<prefix>.weight" (+ "<prefix>.bias" when `bias`).
+lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in, bool bias);
+
+}  // namespace skyrl_tx::models

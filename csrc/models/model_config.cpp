@@ -1,0 +1,36 @@
+// Validation of ModelConfig: catches configs the decoder cannot run before any weight is touched.
+#include "models/model_config.h"
+
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+
+void ModelConfig::validate() const {
+  SKYRL_TX_CHECK(architecture == "Qwen3ForCausalLM" || architecture == "LlamaForCausalLM", Unimplemented,
+                 "model config: architecture '", architecture,
+                 "' is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM)");
+  auto positive = [](const char* field, int64_t value) {
+    SKYRL_TX_CHECK(value > 0, InvalidArgument, "model config: ", field, " must be > 0 (got ", value, ")");
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  SKYRL_TX_CHECK(num_attention_heads % num_key_value_heads == 0, InvalidArgument,
+                 "model config: num_attention_heads (", num_attention_heads,
+                 ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
+  SKYRL_TX_CHECK(resolved_head_dim() % 2 == 0, InvalidArgument, "model config: head_dim must be even for RoPE (got ",
+                 resolved_head_dim(), ")");
+  SKYRL_TX_CHECK(rms_norm_eps > 0, InvalidArgument, "model config: rms_norm_eps must be > 0");
+  SKYRL_TX_CHECK(rope_theta > 0, InvalidArgument, "model config: rope_theta must be > 0");
+  SKYRL_TX_CHECK(rope_scaling.type == "default" || rope_scaling.type == "llama3", Unimplemented,
+                 "model config: rope scaling type '", rope_scaling.type, "' is not supported (supported: llama3)");
+  if (rope_scaling.type == "llama3") {
+    SKYRL_TX_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor, InvalidArgument,
+                   "model config: rope_scaling.high_freq_factor must exceed low_freq_factor");
+  }
+}
+
+}  // namespace skyrl_tx::models

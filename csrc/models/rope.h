@@ -1,0 +1,27 @@
+// Rotary position embedding (HF "rotate_half" convention), with Llama 3.1+ frequency scaling.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "models/model_config.h"
+
+namespace skyrl_tx::models {
+
+class RotaryEmbedding {
+ public:
+  explicit RotaryEmbedding(const ModelConfig& config);
+
+  /// positions: int64 [B, T] → (cos, sin), each [B, T, head_dim] in `dtype`.
+  std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, at::ScalarType dtype) const;
+  /// x: [B, heads, T, head_dim]; cos/sin: [B, T, head_dim]. Returns x rotated.
+  static at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  const at::Tensor& inv_freq() const { return inv_freq_; }
+
+ private:
+  at::Tensor inv_freq_;  // [head_dim / 2], float32, CPU until first use on a device
+};
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,1 @@
+"""Backend adapters: turn engine calls into C++ core calls and own the file I/O around them."""

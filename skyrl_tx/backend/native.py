@@ -1,0 +1,112 @@
+"""NativeBackend: the Python face of the C++ core (skyrl_tx._C.Backend); converts types and owns model I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from skyrl_tx._ext import load_extension
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
+from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
+
+PEFT_PREFIX = "base_model.model."
+
+
+def _native_model_config(cfg: DecoderConfig):
+    _C = load_extension()
+    native = _C.ModelConfig()
+    for f in dataclasses.fields(cfg):
+        if f.name in ("rope_scaling", "eos_token_ids"):
+            continue
+        setattr(native, f.name, getattr(cfg, f.name))
+    scaling = _C.RopeScaling()
+    for f in dataclasses.fields(cfg.rope_scaling):
+        setattr(scaling, f.name, getattr(cfg.rope_scaling, f.name))
+    native.rope_scaling = scaling
+    return native
+
+
+def _native_backend_config(settings: BackendSettings):
+    native = load_extension().BackendConfig()
+    for f in dataclasses.fields(settings):
+        setattr(native, f.name, getattr(settings, f.name))
+    return native
+
+
+def _as_token_tensor(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    return tokens.to(torch.int64) if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens), dtype=torch.int64)
+
+
+class NativeBackend:
+    """One base model with many LoRA adapters. Only the engine thread may call it (single owner)."""
+
+    def __init__(self, model_dir: Path, settings: BackendSettings | None = None):
+        self.model_dir = Path(model_dir)
+        self.settings = settings or BackendSettings()
+        self.decoder_config = load_decoder_config(self.model_dir)
+        self._core = load_extension().Backend(
+            _native_model_config(self.decoder_config),
+            _native_backend_config(self.settings),
+            load_weights(self.model_dir),
+        )
+
+    @classmethod
+    def from_name(cls, base_model: str, settings: BackendSettings | None = None) -> NativeBackend:
+        """base_model: a preset (tiny-qwen3), a local HF directory or a hub id."""
+        return cls(resolve_model_path(base_model), settings)
+
+    # ---- adapters -------------------------------------------------------------------------------
+    def create_adapter(self, adapter_id: str, *, rank: int, alpha: float | None = None, seed: int = 0,
+                       train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> int:
+        cfg = load_extension().LoraConfig()
+        cfg.rank, cfg.alpha, cfg.seed = rank, float(alpha if alpha is not None else rank), seed
+        cfg.train_attn, cfg.train_mlp, cfg.train_unembed = train_attn, train_mlp, train_unembed
+        return self._core.create_adapter(adapter_id, cfg)
+
+    def remove_adapter(self, adapter_id: str) -> None:
+        self._core.remove_adapter(adapter_id)
+
+    def set_adapter_weights(self, adapter_id: str, state_dict: dict[str, torch.Tensor]) -> None:
+        """Accepts PEFT state-dict names (with or without the 'base_model.model.' prefix).
+
+        PEFT also saves `<module>.base_layer.weight` when lm_head is a target (save_embedding_layers, meant
+        for resized vocabularies); the base model never changes here, so those copies are skipped."""
+        stripped = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items() if not k.endswith(".base_layer.weight")}
+        self._core.set_adapter_weights(adapter_id, stripped)
+
+    def adapter_state_dict(self, adapter_id: str) -> dict[str, torch.Tensor]:
+        """PEFT-named factors (what adapter_model.safetensors holds)."""
+        return {PEFT_PREFIX + k: v for k, v in self._core.get_adapter_weights(adapter_id).items()}
+
+    def load_peft_adapter(self, adapter_id: str, adapter_dir: Path, seed: int = 0) -> int:
+        """Creates `adapter_id` from a PEFT directory (adapter_config.json + adapter_model.safetensors)."""
+        adapter_dir = Path(adapter_dir)
+        cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+        targets = set(cfg.get("target_modules") or [])
+        groups = {"attn": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"gate_proj", "up_proj", "down_proj"},
+                  "unembed": {"lm_head"}}
+        for name, modules in groups.items():
+            if targets & modules and not modules <= targets:
+                raise InvalidArgumentError(f"load adapter: target_modules {sorted(targets)} covers part of the {name} "
+                                           f"group; skyrl_tx adapts all of {sorted(modules)} or none")
+        slot = self.create_adapter(adapter_id, rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]), seed=seed,
+                                   train_attn=bool(targets & groups["attn"]), train_mlp=bool(targets & groups["mlp"]),
+                                   train_unembed=bool(targets & groups["unembed"]))
+        self.set_adapter_weights(adapter_id, load_file(str(adapter_dir / "adapter_model.safetensors")))
+        return slot
+
+    # ---- compute --------------------------------------------------------------------------------
+    def token_logprobs(self, input_tokens: Sequence[Sequence[int] | torch.Tensor],
+                       target_tokens: Sequence[Sequence[int] | torch.Tensor],
+                       adapter_ids: Sequence[str] | None = None) -> list[torch.Tensor]:
+        """log p(target_t | input_0..t) per sequence; adapter id "" (default) is the base model."""
+        ids = list(adapter_ids) if adapter_ids is not None else [""] * len(input_tokens)
+        return self._core.token_logprobs([_as_token_tensor(t) for t in input_tokens],
+                                         [_as_token_tensor(t) for t in target_tokens], ids)

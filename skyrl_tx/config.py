@@ -1,0 +1,66 @@
+"""BackendSettings: the documented --backend-config keys, validated once at the edge."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from skyrl_tx.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """Compute settings of one base model. Every field is a --backend-config key."""
+
+    max_lora_adapters: int = 8  # adapters live at once (each a slot)
+    max_lora_rank: int = 32  # largest LoRA rank a client may ask for
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    logprobs_chunk_tokens: int = 1024  # tokens per [tokens, vocab] logits chunk
+    seed: int = 0
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_json(cls, text: str | None) -> BackendSettings:
+        """Parses the --backend-config JSON object; unknown keys and bad values name the fix."""
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"--backend-config: not valid JSON ({exc}); pass an object like "
+                                       '\'{"max_lora_rank": 64}\'') from exc
+        if not isinstance(raw, dict):
+            raise InvalidArgumentError("--backend-config: must be a JSON object of keys "
+                                       f"{', '.join(cls.valid_keys())}")
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BackendSettings:
+        unknown = sorted(set(raw) - set(cls.valid_keys()))
+        if unknown:
+            raise InvalidArgumentError(f"--backend-config: unknown key(s) {', '.join(unknown)}; "
+                                       f"valid keys are {', '.join(cls.valid_keys())}")
+        defaults = cls()
+        for key, value in raw.items():
+            expected = type(getattr(defaults, key))
+            if type(value) is not expected:
+                raise InvalidArgumentError(f"--backend-config: {key} must be a {expected.__name__} "
+                                           f"(got {value!r})")
+        settings = cls(**raw)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens"):
+            if getattr(self, key) < 1:
+                raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise InvalidArgumentError(f"--backend-config: dtype must be 'float32' or 'bfloat16' (got {self.dtype!r})")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise InvalidArgumentError(f"--backend-config: device must be 'cpu', 'cuda' or 'cuda:N' (got {self.device!r})")

@@ -1,0 +1,1 @@
+"""Offline tiny-model generation: locally trained tokenizers and random-weight HF model presets."""

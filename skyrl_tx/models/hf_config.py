@@ -1,0 +1,103 @@
+"""DecoderConfig: the decoder hyper-parameters read from a Hugging Face config.json (transformers 4.x and 5.x keys)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skyrl_tx.errors import InvalidArgumentError, UnimplementedError
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
+
+
+@dataclass(frozen=True)
+class RopeScalingConfig:
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    qk_norm: bool
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    eos_token_ids: tuple[int, ...] = ()
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
+    # transformers 5 nests theta and scaling in rope_parameters; 4.x has rope_theta + rope_scaling.
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or params
+    theta = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind not in ("default", "llama3"):
+        raise UnimplementedError(f"config.json: rope scaling type {kind!r} is not supported (supported: llama3)")
+    if kind == "default":
+        return theta, RopeScalingConfig()
+    return theta, RopeScalingConfig(
+        type=kind,
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
+    architectures = raw.get("architectures") or []
+    architecture = architectures[0] if architectures else ""
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnimplementedError(f"config.json: architecture {architecture!r} is not supported "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    if raw.get("use_sliding_window"):
+        raise UnimplementedError("config.json: sliding-window attention is not supported")
+    try:
+        heads = int(raw["num_attention_heads"])
+        theta, scaling = _rope(raw)
+        eos = raw.get("eos_token_id")
+        return DecoderConfig(
+            architecture=architecture,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            rope_theta=theta,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            qk_norm=architecture == "Qwen3ForCausalLM",
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            rope_scaling=scaling,
+            eos_token_ids=tuple(eos if isinstance(eos, list) else ([eos] if eos is not None else [])),
+        )
+    except KeyError as exc:
+        raise InvalidArgumentError(f"config.json: missing required key {exc.args[0]!r}") from exc
+
+
+def load_decoder_config(model_dir: Path) -> DecoderConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise InvalidArgumentError(f"base model: {model_dir} has no config.json; pass a Hugging Face model directory")
+    return decoder_config_from_dict(json.loads(path.read_text()))

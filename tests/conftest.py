@@ -1,0 +1,39 @@
+"""Shared pytest fixtures: a hermetic preset cache and the tiny model directories; gpu auto-skip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def preset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated tiny models live in a per-session directory, never in the user's cache."""
+    root = tmp_path_factory.mktemp("skyrl_tx_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SKYRL_TX_CACHE_DIR", str(root))
+        yield root
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(preset_cache: Path):
+    """tiny_model_dir(name) → the generated preset directory (cached for the session)."""
+    from skyrl_tx.models.tiny_presets import resolve_preset
+
+    def get(name: str) -> Path:
+        path = resolve_preset(name)
+        assert path is not None, name
+        return path
+
+    return get

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test from a clean clone: installs what is missing, builds (CUDA path when nvcc + CUDA torch
+# are present, plus a CPU-only build), then GoogleTest through ctest and pytest. Used by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PYTHON=${PYTHON:-python3}
+VENV=${SKYRL_TX_VENV:-$ROOT/.venv}
+JOBS=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/skyrl_tx-ccache}   # outside the checkout: survives clones
+export PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
+step() { printf '\n==> %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "system packages"
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+command -v ccache >/dev/null || need+=(ccache)
+[ -d /usr/lib/x86_64-linux-gnu/cmake/GTest ] || [ -d /usr/lib/cmake/GTest ] || need+=(libgtest-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
+      || echo "warning: could not install ${need[*]}; continuing"
+  else
+    echo "warning: missing ${need[*]} (install them with apt-get)"
+  fi
+fi
+
+step "python environment ($VENV)"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade "pip>=24"
+"$PY" -m pip install -q "torch==2.11.0" "scikit-build-core>=0.10"
+
+step "build + install skyrl_tx (editable, GoogleTests on)"
+"$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py \
+  -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON
+WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CUDA))")
+echo "CUDA path compiled: $WITH_CUDA"
+
+step "ctest (build/py)"
+ctest --test-dir build/py --output-on-failure -L cpu -j "$JOBS"
+
+if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
+  # The main build took the CUDA path; prove the CPU-only configuration compiles and passes too.
+  step "CPU-only build + ctest (build/cpu-only)"
+  cmake -S . -B build/cpu-only -G Ninja -DPython_EXECUTABLE="$PY" -DSKYRL_TX_WITH_CUDA=OFF \
+    -DSKYRL_TX_BUILD_TESTS=ON -DSKYRL_TX_WERROR=ON >/dev/null
+  cmake --build build/cpu-only
+  ctest --test-dir build/cpu-only --output-on-failure -L cpu -j "$JOBS"
+fi
+
+step "pytest"
+"$PY" -m pytest -q "$@"
+step "all tests passed"
