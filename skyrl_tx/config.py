@@ -50,7 +50,7 @@ class BackendSettings:
         for key, value in raw.items():
             expected = type(getattr(defaults, key))
             if type(value) is not expected:
-                raise InvalidArgumentError(f"--backend-config: {key} must be a {expected.__name__} "
+                raise InvalidArgumentError(f"--backend-config: {key} must be of type {expected.__name__} "
                                            f"(got {value!r})")
         settings = cls(**raw)
         settings.validate()
