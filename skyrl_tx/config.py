@@ -20,6 +20,9 @@ class BackendSettings:
     device: str = "cpu"  # cpu | cuda | cuda:N
     logprobs_chunk_tokens: int = 1024  # tokens per [tokens, vocab] logits chunk
     seed: int = 0
+    max_full_models: int = 1  # full fine-tuning copies (lora_rank=0) live at once
+    train_micro_batch_tokens: int = 8192  # padded tokens per forward/backward micro-batch
+    gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -57,7 +60,9 @@ class BackendSettings:
         return settings
 
     def validate(self) -> None:
-        for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens"):
+        if self.max_full_models < 0:
+            raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
+        for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.dtype not in ("float32", "bfloat16"):

@@ -33,6 +33,10 @@ void BackendConfig::validate() const {
                  max_lora_rank, ")");
   SKYRL_TX_CHECK(logprobs_chunk_tokens >= 1, InvalidArgument,
                  "backend config: logprobs_chunk_tokens must be >= 1 (got ", logprobs_chunk_tokens, ")");
+  SKYRL_TX_CHECK(max_full_models >= 0, InvalidArgument, "backend config: max_full_models must be >= 0 (got ",
+                 max_full_models, ")");
+  SKYRL_TX_CHECK(train_micro_batch_tokens >= 1, InvalidArgument,
+                 "backend config: train_micro_batch_tokens must be >= 1 (got ", train_micro_batch_tokens, ")");
   parse_dtype(dtype);
   parse_device(device);
 }
@@ -50,6 +54,7 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
 
 int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraConfig& lora_config) {
   lora_config.validate(config_.max_lora_rank);
+  SKYRL_TX_CHECK(!full_models_.count(adapter_id), Conflict, "create_model: model '", adapter_id, "' already exists");
   const int64_t slot = registry_.allocate(adapter_id, lora_config);
   // One generator per adapter, consumed in module order: the same seed gives the same adapter.
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(lora_config.seed);
@@ -64,6 +69,7 @@ int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraC
 void Backend::remove_adapter(const std::string& adapter_id) {
   const int64_t slot = registry_.release(adapter_id);
   for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
+  optimizers_.erase(adapter_id);
 }
 
 void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<std::string, at::Tensor>& weights) {

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "backend/backend_config.h"
+#include "batching/train_batch.h"
 #include "lora/adapter_registry.h"
 #include "models/causal_lm.h"
+#include "optim/adamw.h"
 
 namespace skyrl_tx::backend {
 
@@ -37,14 +39,37 @@ class Backend {
                                          const std::vector<at::Tensor>& target_tokens,
                                          const std::vector<std::string>& adapter_ids) const;
 
+  // ---- training (backend_training.cpp) ----
+  /// Full fine-tuning (the SDK's lora_rank = 0): a private trainable copy of every base tensor; the
+  /// shared base that LoRA tenants use never changes. Throws Conflict, ResourceExhausted.
+  void create_full_model(const std::string& model_id);
+  /// Removes a LoRA adapter or a full model, with its gradients and optimizer state. Throws NotFound.
+  void remove_model(const std::string& model_id);
+  /// One pass over requests of any models and losses, split into token-budgeted micro-batches;
+  /// gradients accumulate per model until optim_step. Throws InvalidArgument / NotFound before any compute.
+  std::vector<batching::TrainResult> forward_backward(const std::vector<batching::TrainRequest>& requests);
+  /// Same outputs as forward_backward, without gradients or any other side effect.
+  std::vector<batching::TrainResult> forward(const std::vector<batching::TrainRequest>& requests);
+  /// AdamW on one model's accumulated gradients, then zeroes them. Returns grad_norm, learning_rate, step.
+  std::map<std::string, double> optim_step(const std::string& model_id, const optim::AdamParams& params);
+  /// The model's trainable tensors (LoRA factors by "<module>.lora_A.weight", or HF names for full
+  /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.
+  std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
+  std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
+
   const models::ModelConfig& model_config() const { return model_->config(); }
   const BackendConfig& config() const { return config_; }
   std::vector<std::string> adapter_module_names(const std::string& adapter_id) const;
 
  private:
+  std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
+  std::vector<batching::TrainResult> run_requests(const std::vector<batching::TrainRequest>& requests, bool train);
+
   BackendConfig config_;
-  std::unique_ptr<models::CausalLM> model_;
+  std::unique_ptr<models::CausalLM> model_;  // the shared base; LoRA adapters live in its slots
   lora::AdapterRegistry registry_;
+  std::map<std::string, std::unique_ptr<models::CausalLM>> full_models_;
+  std::map<std::string, optim::AdamState> optimizers_;  // one per model id
 };
 
 }  // namespace skyrl_tx::backend

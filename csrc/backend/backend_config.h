@@ -13,6 +13,9 @@ struct BackendConfig {
   std::string device = "cpu";          // "cpu", "cuda", "cuda:N"
   int64_t logprobs_chunk_tokens = 1024;  // rows of [tokens, vocab] logits materialised at once
   uint64_t seed = 0;
+  int64_t max_full_models = 1;              // full fine-tuning copies (lora_rank = 0) live at once
+  int64_t train_micro_batch_tokens = 8192;  // padded tokens per forward/backward micro-batch
+  bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

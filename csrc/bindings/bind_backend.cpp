@@ -21,6 +21,13 @@ void bind_backend(py::module_& m) {
       .def("adapter_module_names", &Backend::adapter_module_names, py::arg("adapter_id"))
       .def("token_logprobs", &Backend::token_logprobs, py::arg("input_tokens"), py::arg("target_tokens"),
            py::arg("adapter_ids"), Release())
+      .def("create_full_model", &Backend::create_full_model, py::arg("model_id"), Release())
+      .def("remove_model", &Backend::remove_model, py::arg("model_id"), Release())
+      .def("forward_backward", &Backend::forward_backward, py::arg("requests"), Release())
+      .def("forward", &Backend::forward, py::arg("requests"), Release())
+      .def("optim_step", &Backend::optim_step, py::arg("model_id"), py::arg("params"), Release())
+      .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
+      .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())
       .def_property_readonly("model_config", &Backend::model_config)
       .def_property_readonly("config", &Backend::config);
 }

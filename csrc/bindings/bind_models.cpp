@@ -57,6 +57,9 @@ void bind_models(py::module_& m) {
       .def_readwrite("device", &BackendConfig::device)
       .def_readwrite("logprobs_chunk_tokens", &BackendConfig::logprobs_chunk_tokens)
       .def_readwrite("seed", &BackendConfig::seed)
+      .def_readwrite("max_full_models", &BackendConfig::max_full_models)
+      .def_readwrite("train_micro_batch_tokens", &BackendConfig::train_micro_batch_tokens)
+      .def_readwrite("gradient_checkpointing", &BackendConfig::gradient_checkpointing)
       .def("validate", &BackendConfig::validate);
 }
 

@@ -61,8 +61,7 @@ void LoraLinear::disable_slot(int64_t slot) {
   c10::NoGradGuard no_grad;
   a_.select(0, slot).zero_();
   b_.select(0, slot).zero_();
-  if (a_.grad().defined()) a_.mutable_grad().select(0, slot).zero_();
-  if (b_.grad().defined()) b_.mutable_grad().select(0, slot).zero_();
+  zero_slot_grad(slot);
   ranks_[slot] = 0;
   scalings_[slot] = 0.0;
 }
@@ -70,6 +69,22 @@ void LoraLinear::disable_slot(int64_t slot) {
 at::Tensor LoraLinear::lora_a(int64_t slot) const { return a_.select(0, slot).narrow(0, 0, ranks_.at(slot)); }
 
 at::Tensor LoraLinear::lora_b(int64_t slot) const { return b_.select(0, slot).narrow(1, 0, ranks_.at(slot)); }
+
+at::Tensor LoraLinear::lora_a_grad(int64_t slot) const {
+  if (!a_.grad().defined()) return at::Tensor();
+  return a_.grad().select(0, slot).narrow(0, 0, ranks_.at(slot));
+}
+
+at::Tensor LoraLinear::lora_b_grad(int64_t slot) const {
+  if (!b_.grad().defined()) return at::Tensor();
+  return b_.grad().select(0, slot).narrow(1, 0, ranks_.at(slot));
+}
+
+void LoraLinear::zero_slot_grad(int64_t slot) {
+  c10::NoGradGuard no_grad;
+  if (a_.grad().defined()) a_.mutable_grad().select(0, slot).zero_();
+  if (b_.grad().defined()) b_.mutable_grad().select(0, slot).zero_();
+}
 
 void LoraLinear::set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b) {
   const int64_t rank = ranks_.at(slot);

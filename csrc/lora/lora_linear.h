@@ -31,10 +31,16 @@ class LoraLinear {
   /// PEFT orientation: A [rank, in], B [out, rank]. Views of the masters (narrowed to the slot's rank).
   at::Tensor lora_a(int64_t slot) const;
   at::Tensor lora_b(int64_t slot) const;
+  /// Accumulated gradients of the slot's factors (same views as lora_a/lora_b); undefined if none yet.
+  at::Tensor lora_a_grad(int64_t slot) const;
+  at::Tensor lora_b_grad(int64_t slot) const;
+  /// Zeroes the slot's accumulated gradients only (other slots keep theirs).
+  void zero_slot_grad(int64_t slot);
   /// Copies PEFT-oriented factors into the slot; throws InvalidArgument on shape mismatch.
   void set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b);
 
   const at::Tensor& weight() const { return weight_; }
+  const at::Tensor& bias() const { return bias_; }
   at::Tensor& stacked_a() { return a_; }
   at::Tensor& stacked_b() { return b_; }
   int64_t in_features() const { return weight_.size(1); }

@@ -7,6 +7,12 @@
 
 namespace skyrl_tx::loss {
 
+at::Tensor target_logprobs(const lora::LoraLinear& lm_head, const at::Tensor& hidden, const at::Tensor& targets,
+                           const lora::AdapterSegments& segments) {
+  at::Tensor logits = lm_head.forward(hidden, segments).to(at::kFloat);  // [n, vocab]
+  return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - at::logsumexp(logits, 1);
+}
+
 at::Tensor token_logprobs(const lora::LoraLinear& lm_head, const at::Tensor& hidden, const at::Tensor& targets,
                           const lora::AdapterSegments& segments, int64_t chunk_tokens) {
   SKYRL_TX_CHECK(chunk_tokens > 0, InvalidArgument, "token_logprobs: chunk_tokens must be > 0 (got ", chunk_tokens, ")");
@@ -14,10 +20,8 @@ at::Tensor token_logprobs(const lora::LoraLinear& lm_head, const at::Tensor& hid
   std::vector<at::Tensor> pieces;
   for (int64_t begin = 0; begin < num_tokens; begin += chunk_tokens) {
     const int64_t length = std::min(chunk_tokens, num_tokens - begin);
-    // logits: [length, vocab] float32
-    at::Tensor logits = lm_head.forward(hidden.narrow(0, begin, length), segments.slice(begin, length)).to(at::kFloat);
-    at::Tensor target = targets.narrow(0, begin, length).unsqueeze(1);  // [length, 1]
-    pieces.push_back(logits.gather(1, target).squeeze(1) - at::logsumexp(logits, 1));
+    pieces.push_back(target_logprobs(lm_head, hidden.narrow(0, begin, length), targets.narrow(0, begin, length),
+                                     segments.slice(begin, length)));
   }
   if (pieces.empty()) return at::empty({0}, hidden.options().dtype(at::kFloat));
   return at::cat(pieces, 0);

@@ -32,11 +32,35 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,
                                    const AttentionMask& mask, const lora::AdapterSegments& segments) const {
   SKYRL_TX_INTERNAL_ASSERT(segments.num_tokens() == input_ids.numel(), "segments must cover the batch");
-  at::Tensor h = at::embedding(embed_tokens_, input_ids);  // [B, T, hidden]
-  auto [cos, sin] = rope_.cos_sin(positions, h.scalar_type());  // [B, T, head_dim]
-  for (const auto& layer : layers_) h = layer->forward(h, cos, sin, mask, segments);
-  h = norm_->forward(h);
-  return h.reshape({-1, h.size(-1)});
+  at::Tensor h = embed(input_ids);                               // [B, T, hidden]
+  auto [cos, sin] = rope(positions, h.scalar_type());           // [B, T, head_dim]
+  for (int64_t i = 0; i < num_layers(); ++i) h = layer_forward(i, h, cos, sin, mask, segments);
+  return final_norm(h);
+}
+
+at::Tensor CausalLM::embed(const at::Tensor& input_ids) const { return at::embedding(embed_tokens_, input_ids); }
+
+std::pair<at::Tensor, at::Tensor> CausalLM::rope(const at::Tensor& positions, at::ScalarType dtype) const {
+  return rope_.cos_sin(positions, dtype);
+}
+
+at::Tensor CausalLM::layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                                   const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+  return layers_.at(layer)->forward(h, cos, sin, mask, segments);
+}
+
+at::Tensor CausalLM::final_norm(const at::Tensor& h) const {
+  at::Tensor normed = norm_->forward(h);
+  return normed.reshape({-1, normed.size(-1)});
+}
+
+std::vector<NamedParameter> CausalLM::named_parameters() const {
+  std::vector<NamedParameter> out;
+  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
+  for (int64_t i = 0; i < num_layers(); ++i) layers_[i]->collect_parameters(str_cat("model.layers.", i), out);
+  out.emplace_back("model.norm.weight", norm_->weight());
+  if (!config_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_->weight());
+  return out;
 }
 
 }  // namespace skyrl_tx::models

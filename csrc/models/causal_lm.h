@@ -28,7 +28,17 @@ class CausalLM {
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionMask& mask,
                            const lora::AdapterSegments& segments) const;
 
+  // Pieces of hidden_states, for the training driver's activation checkpointing (layer by layer).
+  at::Tensor embed(const at::Tensor& input_ids) const;  // [B, T] → [B, T, hidden]
+  std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions, at::ScalarType dtype) const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  at::Tensor layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                           const AttentionMask& mask, const lora::AdapterSegments& segments) const;
+  at::Tensor final_norm(const at::Tensor& h) const;  // [B, T, hidden] → [B * T, hidden]
+
   const lora::LoraLinear& lm_head() const { return *lm_head_; }
+  /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
+  std::vector<NamedParameter> named_parameters() const;
   /// Every LoRA-capable linear with its HF module path and target group (stable order).
   const std::vector<NamedLoraModule>& lora_modules() const { return lora_modules_; }
   const ModelConfig& config() const { return config_; }

@@ -71,6 +71,18 @@ void Attention::collect_lora(const std::string& prefix, std::vector<NamedLoraMod
   out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_});
 }
 
+void Attention::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  for (const auto& [name, linear] : {std::pair{"q_proj", &q_proj_}, {"k_proj", &k_proj_}, {"v_proj", &v_proj_},
+                                     {"o_proj", &o_proj_}}) {
+    out.emplace_back(prefix + "." + name + ".weight", linear->weight());
+    if (linear->bias().defined()) out.emplace_back(prefix + "." + name + ".bias", linear->bias());
+  }
+  if (!qk_norm_.empty()) {
+    out.emplace_back(prefix + ".q_norm.weight", qk_norm_[0].weight());
+    out.emplace_back(prefix + ".k_norm.weight", qk_norm_[1].weight());
+  }
+}
+
 SwiGluMlp::SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
     : gate_proj_(make_lora_linear(ctx, prefix + ".gate_proj", config.intermediate_size, config.hidden_size,
                                   config.mlp_bias)),
@@ -88,6 +100,14 @@ void SwiGluMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraMod
   out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_});
   out.push_back({prefix + ".up_proj", LoraGroup::kMlp, &up_proj_});
   out.push_back({prefix + ".down_proj", LoraGroup::kMlp, &down_proj_});
+}
+
+void SwiGluMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  for (const auto& [name, linear] : {std::pair{"gate_proj", &gate_proj_}, {"up_proj", &up_proj_},
+                                     {"down_proj", &down_proj_}}) {
+    out.emplace_back(prefix + "." + name + ".weight", linear->weight());
+    if (linear->bias().defined()) out.emplace_back(prefix + "." + name + ".bias", linear->bias());
+  }
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
@@ -108,6 +128,13 @@ at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, con
 void DecoderLayer::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
   self_attn_.collect_lora(prefix + ".self_attn", out);
   mlp_.collect_lora(prefix + ".mlp", out);
+}
+
+void DecoderLayer::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  out.emplace_back(prefix + ".input_layernorm.weight", input_layernorm_.weight());
+  self_attn_.collect_parameters(prefix + ".self_attn", out);
+  out.emplace_back(prefix + ".post_attention_layernorm.weight", post_attention_layernorm_.weight());
+  mlp_.collect_parameters(prefix + ".mlp", out);
 }
 
 }  // namespace skyrl_tx::models

@@ -15,6 +15,9 @@ namespace skyrl_tx::models {
 /// Which LoRA target group a linear layer belongs to (the SDK's train_attn / train_mlp / train_unembed).
 enum class LoraGroup { kAttention, kMlp, kUnembed };
 
+/// A base-model tensor under its HF name (what full fine-tuning trains).
+using NamedParameter = std::pair<std::string, at::Tensor>;
+
 struct NamedLoraModule {
   std::string name;  // HF module path, e.g. "model.layers.0.self_attn.q_proj"
   LoraGroup group;
@@ -33,6 +36,7 @@ class RmsNorm {
   RmsNorm(at::Tensor weight, double eps) : weight_(std::move(weight)), eps_(eps) {}
   /// Normalises over the last dim in float32, then scales in the input dtype (as transformers does).
   at::Tensor forward(const at::Tensor& x) const;
+  const at::Tensor& weight() const { return weight_; }
 
  private:
   at::Tensor weight_;  // [dim]
@@ -52,6 +56,7 @@ class Attention {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
                      const lora::AdapterSegments& segments) const;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -65,6 +70,7 @@ class SwiGluMlp {
   /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
  private:
   lora::LoraLinear gate_proj_, up_proj_, down_proj_;
@@ -77,6 +83,7 @@ class DecoderLayer {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
                      const lora::AdapterSegments& segments) const;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
  private:
   RmsNorm input_layernorm_, post_attention_layernorm_;

@@ -15,6 +15,7 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
+from skyrl_tx.types import AdamParams, Datum, TrainRequest, TrainResult
 
 PEFT_PREFIX = "base_model.model."
 
@@ -102,6 +103,45 @@ class NativeBackend:
         self.set_adapter_weights(adapter_id, load_file(str(adapter_dir / "adapter_model.safetensors")))
         return slot
 
+    def create_model(self, model_id: str, *, lora_rank: int, alpha: float | None = None, seed: int = 0,
+                     train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> None:
+        """lora_rank >= 1: a LoRA adapter in a slot of the shared base; lora_rank == 0: full fine-tuning."""
+        if lora_rank == 0:
+            self._core.create_full_model(model_id)
+            return
+        self.create_adapter(model_id, rank=lora_rank, alpha=alpha, seed=seed, train_attn=train_attn,
+                            train_mlp=train_mlp, train_unembed=train_unembed)
+
+    def remove_model(self, model_id: str) -> None:
+        self._core.remove_model(model_id)
+
+    # ---- training -------------------------------------------------------------------------------
+    def forward_backward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
+        """One pass over all requests; gradients accumulate per model until optim_step."""
+        return _results(self._core.forward_backward([_native_request(r) for r in requests]))
+
+    def forward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
+        """forward_backward's outputs without gradients or side effects."""
+        return _results(self._core.forward([_native_request(r) for r in requests]))
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        native = load_extension().AdamParams()
+        for f in dataclasses.fields(params):
+            setattr(native, f.name, float(getattr(params, f.name)))
+        return dict(self._core.optim_step(model_id, native))
+
+    def trainable_state(self, model_id: str) -> dict[str, torch.Tensor]:
+        """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies."""
+        return self._peft_names(model_id, self._core.trainable_state(model_id))
+
+    def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
+        return self._peft_names(model_id, self._core.trainable_grads(model_id))
+
+    def _peft_names(self, model_id: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if any(".lora_" in name for name in tensors):
+            return {PEFT_PREFIX + k: v for k, v in tensors.items()}
+        return dict(tensors)
+
     # ---- compute --------------------------------------------------------------------------------
     def token_logprobs(self, input_tokens: Sequence[Sequence[int] | torch.Tensor],
                        target_tokens: Sequence[Sequence[int] | torch.Tensor],
@@ -110,3 +150,25 @@ class NativeBackend:
         ids = list(adapter_ids) if adapter_ids is not None else [""] * len(input_tokens)
         return self._core.token_logprobs([_as_token_tensor(t) for t in input_tokens],
                                          [_as_token_tensor(t) for t in target_tokens], ids)
+
+
+def _loss_input(name: str, value: list | torch.Tensor) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(value, dtype=torch.int64 if name == "target_tokens" else torch.float32)
+
+
+def _native_datum(datum: Datum):
+    inputs = {k: _loss_input(k, v) for k, v in datum.loss_fn_inputs.items()}
+    return load_extension().TrainDatum(_as_token_tensor(datum.input_tokens), inputs)
+
+
+def _native_request(request: TrainRequest):
+    return load_extension().TrainRequest(request.model_id, [_native_datum(d) for d in request.data],
+                                         request.loss_fn, dict(request.loss_fn_config or {}))
+
+
+def _results(native_results) -> list[TrainResult]:
+    return [TrainResult(loss_fn_outputs=[{"logprobs": o.logprobs, "elementwise_loss": o.elementwise_loss}
+                                         for o in r.loss_fn_outputs],
+                        metrics=dict(r.metrics)) for r in native_results]

@@ -1,0 +1,145 @@
+// Backend's training half: full fine-tuning copies, forward/forward_backward over micro-batches, AdamW.
+#include "backend/backend.h"
+
+#include <c10/core/GradMode.h>
+
+#include "backend/micro_batch.h"
+#include "common/dtype.h"
+#include "common/errors.h"
+
+namespace skyrl_tx::backend {
+
+void Backend::create_full_model(const std::string& model_id) {
+  SKYRL_TX_CHECK(!model_id.empty(), InvalidArgument, "create_model: model id must not be empty");
+  SKYRL_TX_CHECK(!full_models_.count(model_id) && !registry_.contains(model_id), Conflict, "create_model: model '",
+                 model_id, "' already exists");
+  SKYRL_TX_CHECK(static_cast<int64_t>(full_models_.size()) < config_.max_full_models, ResourceExhausted,
+                 "create_model: ", full_models_.size(), " full fine-tuning model(s) already loaded (max_full_models=",
+                 config_.max_full_models, "); unload one, use LoRA (lora_rank > 0), or raise max_full_models");
+  models::WeightMap weights;
+  {
+    c10::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : model_->named_parameters()) weights[name] = tensor.clone();
+  }
+  models::ModelOptions options = model_->options();
+  options.num_slots = 1;  // no LoRA slots of its own; slot 0 only
+  options.max_rank = 1;
+  auto model = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
+  for (const auto& [name, tensor] : model->named_parameters()) tensor.requires_grad_(true);
+  full_models_[model_id] = std::move(model);
+}
+
+void Backend::remove_model(const std::string& model_id) {
+  if (full_models_.erase(model_id)) {
+    optimizers_.erase(model_id);
+    return;
+  }
+  remove_adapter(model_id);
+}
+
+std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string& model_id) const {
+  std::vector<optim::TrainableTensor> out;
+  if (auto it = full_models_.find(model_id); it != full_models_.end()) {
+    for (const auto& [name, tensor] : it->second->named_parameters()) out.push_back({name, tensor, tensor.grad()});
+    return out;
+  }
+  const int64_t slot = registry_.slot_of(model_id);
+  SKYRL_TX_CHECK(slot != 0, InvalidArgument, "training: name a model, not the base model");
+  for (const auto& m : model_->lora_modules()) {
+    if (!m.module->slot_enabled(slot)) continue;
+    out.push_back({m.name + ".lora_A.weight", m.module->lora_a(slot), m.module->lora_a_grad(slot)});
+    out.push_back({m.name + ".lora_B.weight", m.module->lora_b(slot), m.module->lora_b_grad(slot)});
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& model_id) const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : trainable_tensors(model_id)) out[t.name] = t.param.detach().to(at::kCPU, at::kFloat, false, true);
+  return out;
+}
+
+std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& model_id) const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : trainable_tensors(model_id)) {
+    out[t.name] = t.grad.defined() ? t.grad.detach().to(at::kCPU, at::kFloat, false, true)
+                                   : at::zeros(t.param.sizes(), at::kFloat);
+  }
+  return out;
+}
+
+std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::AdamParams& params) {
+  std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params);
+  c10::NoGradGuard no_grad;
+  if (auto it = full_models_.find(model_id); it != full_models_.end()) {
+    for (auto& t : tensors) {
+      if (t.grad.defined()) t.grad.zero_();
+    }
+  } else {
+    const int64_t slot = registry_.slot_of(model_id);
+    for (const auto& m : model_->lora_modules()) m.module->zero_slot_grad(slot);
+  }
+  return metrics;
+}
+
+std::vector<batching::TrainResult> Backend::forward_backward(const std::vector<batching::TrainRequest>& requests) {
+  return run_requests(requests, /*train=*/true);
+}
+
+std::vector<batching::TrainResult> Backend::forward(const std::vector<batching::TrainRequest>& requests) {
+  return run_requests(requests, /*train=*/false);
+}
+
+std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batching::TrainRequest>& requests,
+                                                         bool train) {
+  // Validate everything (inputs and model ids) before computing anything, so a bad request in a batch
+  // never leaves half-accumulated gradients behind.
+  std::vector<batching::TrainRow> rows = batching::validate_requests(requests);
+  std::vector<const models::CausalLM*> request_model(requests.size());
+  std::vector<int64_t> request_slot(requests.size(), 0);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const std::string& id = requests[r].model_id;
+    if (auto it = full_models_.find(id); it != full_models_.end()) {
+      request_model[r] = it->second.get();
+      continue;
+    }
+    request_slot[r] = registry_.slot_of(id);
+    SKYRL_TX_CHECK(request_slot[r] != 0, InvalidArgument, "forward_backward: request ", r,
+                   " has no model_id; name the model to train");
+    request_model[r] = model_.get();
+  }
+
+  std::vector<batching::TrainResult> results(requests.size());
+  for (size_t r = 0; r < requests.size(); ++r) results[r].loss_fn_outputs.resize(requests[r].data.size());
+  std::vector<double> loss_sums(requests.size(), 0.0);
+
+  // Rows of the shared base (all LoRA tenants together) form one group; each full model its own.
+  std::map<const models::CausalLM*, std::vector<size_t>> groups;
+  for (size_t i = 0; i < rows.size(); ++i) groups[request_model[rows[i].request]].push_back(i);
+  MicroBatchOptions options{train, config_.gradient_checkpointing, config_.logprobs_chunk_tokens};
+  for (const auto& [model, row_ids] : groups) {
+    for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens)) {
+      std::vector<const batching::TrainRow*> batch_rows;
+      std::vector<int64_t> slots;
+      for (size_t id : micro) {
+        batch_rows.push_back(&rows[id]);
+        slots.push_back(request_slot[rows[id].request]);
+      }
+      auto [batch, inputs] = batching::pack_training_rows(batch_rows, slots, model_config().vocab_size,
+                                                          model->options().device);
+      MicroBatchOutput out = run_micro_batch(*model, batch, inputs, options);
+      std::vector<at::Tensor> logprobs = batching::unpack_tokens(out.logprobs.to(at::kCPU), batch);
+      std::vector<at::Tensor> losses = batching::unpack_tokens(out.loss.to(at::kCPU), batch);
+      for (size_t k = 0; k < micro.size(); ++k) {
+        const batching::TrainRow& row = rows[micro[k]];
+        results[row.request].loss_fn_outputs[row.datum] = {logprobs[k].clone(), losses[k].clone()};
+        loss_sums[row.request] += losses[k].to(at::kDouble).sum().item<double>();
+      }
+    }
+  }
+  for (size_t r = 0; r < requests.size(); ++r) results[r].metrics["loss:sum"] = loss_sums[r];
+  return results;
+}
+
+}  // namespace skyrl_tx::backend

@@ -1,0 +1,126 @@
+// Tinker training requests → validated rows, token-budgeted micro-batches and per-token loss inputs.
+#include "batching/train_batch.h"
+
+#include <algorithm>
+
+#include "common/dtype.h"
+#include "common/errors.h"
+
+namespace skyrl_tx::batching {
+namespace {
+
+at::Tensor float_input(const TrainDatum& d, const std::string& key, int64_t n, double fill, const std::string& where) {
+  auto it = d.loss_fn_inputs.find(key);
+  if (it == d.loss_fn_inputs.end()) return at::full({n}, fill, at::kFloat);
+  const at::Tensor& t = it->second;
+  SKYRL_TX_CHECK(t.dim() == 1 && t.numel() == n, InvalidArgument, where, ": loss_fn_inputs['", key,
+                 "'] must have the input's length ", n, " (got shape ", shape_str(t), ")");
+  at::Tensor out = t.to(at::kFloat).contiguous();
+  SKYRL_TX_CHECK(at::isfinite(out).all().item<bool>(), InvalidArgument, where, ": loss_fn_inputs['", key,
+                 "'] contains NaN or infinity");
+  return out;
+}
+
+TrainRow validate_datum(const TrainRequest& req, size_t r, size_t i, loss::LossKind kind, const loss::LossConfig& cfg) {
+  const TrainDatum& d = req.data[i];
+  const std::string where = str_cat("forward_backward: request ", r, " (model '", req.model_id, "') datum ", i);
+  TrainRow row;
+  row.request = r, row.datum = i, row.kind = kind, row.beta = cfg.beta;
+  SKYRL_TX_CHECK(d.input_tokens.dim() == 1 && d.input_tokens.numel() > 0, InvalidArgument, where,
+                 ": model_input must hold at least one token (got shape ", shape_str(d.input_tokens), ")");
+  row.input_tokens = d.input_tokens.to(at::kLong);
+  const int64_t n = row.length();
+
+  const auto& required = loss::required_inputs(kind);
+  const auto& optional = loss::optional_inputs(kind);
+  for (const auto& key : required) {
+    SKYRL_TX_CHECK(d.loss_fn_inputs.count(key), InvalidArgument, where, ": loss '", loss::loss_name(kind),
+                   "' needs loss_fn_inputs['", key, "']");
+  }
+  for (const auto& [key, tensor] : d.loss_fn_inputs) {
+    const bool known = std::count(required.begin(), required.end(), key) + std::count(optional.begin(), optional.end(), key);
+    SKYRL_TX_CHECK(known, InvalidArgument, where, ": loss_fn_inputs['", key, "'] is not an input of loss '",
+                   loss::loss_name(kind), "'; remove it");
+  }
+  const at::Tensor& targets = d.loss_fn_inputs.at("target_tokens");
+  SKYRL_TX_CHECK(targets.dim() == 1 && targets.numel() == n, InvalidArgument, where,
+                 ": loss_fn_inputs['target_tokens'] must have the input's length ", n, " (got shape ",
+                 shape_str(targets), ")");
+  SKYRL_TX_CHECK(!at::isFloatingType(targets.scalar_type()), InvalidArgument, where,
+                 ": loss_fn_inputs['target_tokens'] must be int64 (got ", targets.scalar_type(), ")");
+  row.target_tokens = targets.to(at::kLong);
+  row.weights = float_input(d, "weights", n, 1.0, where);
+  row.sampling_logprobs = float_input(d, "logprobs", n, 0.0, where);
+  row.advantages = float_input(d, "advantages", n, 0.0, where);
+  row.clip_low = float_input(d, "clip_low_threshold", n, cfg.clip_low, where);
+  row.clip_high = float_input(d, "clip_high_threshold", n, cfg.clip_high, where);
+  return row;
+}
+
+}  // namespace
+
+std::vector<TrainRow> validate_requests(const std::vector<TrainRequest>& requests) {
+  std::vector<TrainRow> rows;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const TrainRequest& req = requests[r];
+    const loss::LossKind kind = loss::parse_loss_kind(req.loss_fn);
+    const loss::LossConfig cfg = loss::parse_loss_config(kind, req.loss_fn_config);
+    for (size_t i = 0; i < req.data.size(); ++i) rows.push_back(validate_datum(req, r, i, kind, cfg));
+  }
+  return rows;
+}
+
+std::vector<std::vector<size_t>> plan_micro_batches(const std::vector<TrainRow>& rows,
+                                                    const std::vector<size_t>& row_ids, int64_t token_budget) {
+  std::vector<size_t> order = row_ids;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a].length() > rows[b].length(); });
+  std::vector<std::vector<size_t>> batches;
+  int64_t longest = 0;  // rows arrive longest first, so a batch's padded length is its first row's
+  for (size_t id : order) {
+    if (batches.empty() || static_cast<int64_t>(batches.back().size() + 1) * longest > token_budget) {
+      batches.emplace_back();
+      longest = rows[id].length();
+    }
+    batches.back().push_back(id);
+  }
+  return batches;
+}
+
+std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<const TrainRow*>& rows,
+                                                            const std::vector<int64_t>& slots, int64_t vocab_size,
+                                                            at::Device device) {
+  std::vector<at::Tensor> inputs, targets;
+  for (const TrainRow* row : rows) {
+    inputs.push_back(row->input_tokens);
+    targets.push_back(row->target_tokens);
+  }
+  PackedBatch batch = pack_sequences(inputs, targets, slots, vocab_size, device);
+  const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
+  auto fopts = at::TensorOptions().dtype(at::kFloat);
+  // All [B, T] on the host first, filled row by row at each request's packed row, then moved once.
+  at::Tensor kind = at::zeros({B, T}, at::kLong);
+  at::Tensor w = at::zeros({B, T}, fopts), q = at::zeros({B, T}, fopts), adv = at::zeros({B, T}, fopts);
+  at::Tensor lo = at::zeros({B, T}, fopts), hi = at::zeros({B, T}, fopts), beta = at::zeros({B, T}, fopts);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TrainRow& row = *rows[i];
+    const int64_t p = batch.packed_row[i], n = row.length();
+    kind[p].fill_(static_cast<int64_t>(row.kind));
+    w[p].narrow(0, 0, n).copy_(row.weights);
+    q[p].narrow(0, 0, n).copy_(row.sampling_logprobs);
+    adv[p].narrow(0, 0, n).copy_(row.advantages);
+    lo[p].narrow(0, 0, n).copy_(row.clip_low);
+    hi[p].narrow(0, 0, n).copy_(row.clip_high);
+    beta[p].fill_(row.beta);
+  }
+  auto flat = [&](const at::Tensor& t) { return t.reshape({-1}).to(device); };
+  loss::LossInputs in{flat(kind), batch.valid.reshape({-1}), flat(w), flat(q), flat(adv), flat(lo), flat(hi), flat(beta)};
+  return {std::move(batch), std::move(in)};
+}
+
+loss::LossInputs slice_inputs(const loss::LossInputs& in, int64_t begin, int64_t length) {
+  auto s = [&](const at::Tensor& t) { return t.narrow(0, begin, length); };
+  return {s(in.kind), s(in.valid), s(in.weights), s(in.sampling_logprobs), s(in.advantages),
+          s(in.clip_low), s(in.clip_high), s(in.beta)};
+}
+
+}  // namespace skyrl_tx::batching

@@ -1,0 +1,51 @@
+// AdamW with decoupled weight decay and global-norm clipping, applied to one model's tensors at a time.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace skyrl_tx::optim {
+
+/// The SDK's AdamParams; semantics of torch.optim.AdamW (Loshchilov & Hutter 2019).
+struct AdamParams {
+  double learning_rate = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-12;
+  double weight_decay = 0.0;
+  double grad_clip_norm = 0.0;  // 0 = no clipping
+
+  /// Throws InvalidArgument naming the field (lr < 0, betas outside [0, 1), eps < 0, ...).
+  void validate() const;
+};
+
+/// One trainable tensor of a model: a view of its parameter and of its gradient (same shape).
+struct TrainableTensor {
+  std::string name;
+  at::Tensor param;  // updated in place
+  at::Tensor grad;   // undefined = no gradient accumulated yet (treated as zeros)
+};
+
+/// First and second moments of every tensor of one model, plus its step count.
+/// NOTE: each model owns its own state, so stepping one adapter never touches another.
+class AdamState {
+ public:
+  /// Clips (if asked), then applies one AdamW step to every tensor. Returns metrics
+  /// {"grad_norm" (before clipping), "learning_rate", "step"}.
+  std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const AdamParams& params);
+  int64_t num_steps() const { return step_; }
+  /// Moments by tensor name (exp_avg, exp_avg_sq), for checkpoints.
+  const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments() const { return moments_; }
+
+ private:
+  int64_t step_ = 0;
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments_;  // float32, like the params
+};
+
+/// sqrt(sum of squared L2 norms) of the defined gradients, in float64 for a stable sum.
+double global_grad_norm(const std::vector<TrainableTensor>& tensors);
+
+}  // namespace skyrl_tx::optim

@@ -1,0 +1,51 @@
+"""Internal request/result types shared by the API, the engine and the backend (no HTTP, no C++)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+LOSS_FUNCTIONS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+
+
+@dataclass
+class Datum:
+    """One training sequence, already shifted by the client: position i predicts target_tokens[i].
+
+    loss_fn_inputs holds 1-D tensors (or lists) of the input's length: `target_tokens` (int) always,
+    `weights` for cross_entropy, `logprobs` + `advantages` (+ optional `weights`) for the RL losses.
+    """
+
+    input_tokens: list[int] | torch.Tensor
+    loss_fn_inputs: dict[str, list[float] | list[int] | torch.Tensor]
+
+
+@dataclass
+class TrainRequest:
+    """forward / forward_backward of one model over its data with one loss function."""
+
+    model_id: str
+    data: list[Datum]
+    loss_fn: str = "cross_entropy"
+    loss_fn_config: dict[str, float] | None = None
+
+
+@dataclass
+class TrainResult:
+    """Per datum `logprobs` and `elementwise_loss` (float32, the input's length); `name:reduction` metrics."""
+
+    loss_fn_outputs: list[dict[str, torch.Tensor]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AdamParams:
+    """The SDK's AdamParams (decoupled weight decay; grad_clip_norm 0 = no clipping)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
