@@ -23,6 +23,9 @@ class BackendSettings:
     max_full_models: int = 1  # full fine-tuning copies (lora_rank=0) live at once
     train_micro_batch_tokens: int = 8192  # padded tokens per forward/backward micro-batch
     gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
+    max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
+    max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
+    max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -62,9 +65,12 @@ class BackendSettings:
     def validate(self) -> None:
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
-        for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens"):
+        for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
+                    "max_sampling_sequences", "max_resident_snapshots"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
+        if self.max_sampling_length < 2:
+            raise InvalidArgumentError(f"--backend-config: max_sampling_length must be >= 2 (got {self.max_sampling_length})")
         if self.dtype not in ("float32", "bfloat16"):
             raise InvalidArgumentError(f"--backend-config: dtype must be 'float32' or 'bfloat16' (got {self.dtype!r})")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):

@@ -49,3 +49,42 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
+
+
+@dataclass
+class SamplingParams:
+    """The SDK's SamplingParams: temperature 0 = greedy; top_k <= 0 and top_p = 1 disable those cuts.
+
+    `stop` holds token ids or strings (strings are matched on the decoded bytes of the completion).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[int] | list[str] | None = None
+
+
+@dataclass
+class SampleRequest:
+    prompt_tokens: list[int] | torch.Tensor
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    num_samples: int = 1
+    weights_id: str = ""  # "" base model, a live model id, or a snapshot id
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+
+
+@dataclass
+class SampledSequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" or "length"
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSequence]
+    prompt_logprobs: list[float | None] | None = None  # prompt length; first entry None
+    topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None

@@ -33,6 +33,9 @@ void BackendConfig::validate() const {
                  max_lora_rank, ")");
   SKYRL_TX_CHECK(logprobs_chunk_tokens >= 1, InvalidArgument,
                  "backend config: logprobs_chunk_tokens must be >= 1 (got ", logprobs_chunk_tokens, ")");
+  SKYRL_TX_CHECK(max_sampling_sequences >= 1 && max_sampling_length >= 2 && max_resident_snapshots >= 1,
+                 InvalidArgument, "backend config: max_sampling_sequences >= 1, max_sampling_length >= 2 and ",
+                 "max_resident_snapshots >= 1 are required");
   SKYRL_TX_CHECK(max_full_models >= 0, InvalidArgument, "backend config: max_full_models must be >= 0 (got ",
                  max_full_models, ")");
   SKYRL_TX_CHECK(train_micro_batch_tokens >= 1, InvalidArgument,
@@ -45,7 +48,8 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
     : config_(config), registry_(config.max_lora_adapters) {
   config_.validate();
   models::ModelOptions options;
-  options.num_slots = config.max_lora_adapters + 1;
+  // Slots: 0 = base, 1..max_lora_adapters = live adapters, then the resident snapshot slots.
+  options.num_slots = config.max_lora_adapters + 1 + config.max_resident_snapshots;
   options.max_rank = config.max_lora_rank;
   options.dtype = parse_dtype(config.dtype);
   options.device = parse_device(config.device);

@@ -13,6 +13,7 @@
 #include "lora/adapter_registry.h"
 #include "models/causal_lm.h"
 #include "optim/adamw.h"
+#include "sampling/generator.h"
 
 namespace skyrl_tx::backend {
 
@@ -57,6 +58,23 @@ class Backend {
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
 
+  // ---- sampling (backend_sampling.cpp) ----
+  /// Tokenizer facts for generation: EOS ids (stop by default) and every token's bytes (stop strings).
+  void set_tokenizer_info(std::vector<int64_t> eos_tokens, std::vector<std::string> token_bytes);
+  /// Freezes an adapter's current weights as `snapshot_id` in host memory: sampling from the snapshot
+  /// is unaffected by later training. Throws NotFound, Conflict (id taken).
+  void snapshot_adapter(const std::string& adapter_id, const std::string& snapshot_id);
+  void remove_snapshot(const std::string& snapshot_id);
+  bool has_snapshot(const std::string& snapshot_id) const { return snapshots_.count(snapshot_id) > 0; }
+  /// Queues a request (weights_id: "" base, live adapter, full model or snapshot). Returns its id.
+  /// Throws InvalidArgument / NotFound; ResourceExhausted when every snapshot slot serves running requests.
+  int64_t submit_sample(sampling::SampleRequest request);
+  /// Advances every queued and running request by one token; returns the finished ones by id.
+  std::vector<std::pair<int64_t, sampling::SampleResult>> sample_step();
+  bool sampling_idle() const;
+  /// Blocking convenience: runs `requests` to completion (alongside anything already running).
+  std::vector<sampling::SampleResult> sample(const std::vector<sampling::SampleRequest>& requests);
+
   const models::ModelConfig& model_config() const { return model_->config(); }
   const BackendConfig& config() const { return config_; }
   std::vector<std::string> adapter_module_names(const std::string& adapter_id) const;
@@ -70,6 +88,24 @@ class Backend {
   lora::AdapterRegistry registry_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> full_models_;
   std::map<std::string, optim::AdamState> optimizers_;  // one per model id
+
+  struct Snapshot {
+    lora::LoraConfig config;
+    std::map<std::string, std::pair<at::Tensor, at::Tensor>> factors;  // module → (A, B), host float32
+    int64_t slot = -1;                                                 // device slot when resident
+    uint64_t last_used = 0;
+  };
+  int64_t resident_slot(const std::string& snapshot_id);
+  sampling::Generator& generator_for(const models::CausalLM& model);
+  std::set<int64_t> busy_slots() const;  // base-model slots that queued or running samples need
+  std::map<std::string, Snapshot> snapshots_;
+  uint64_t use_clock_ = 0;
+  std::vector<int64_t> eos_tokens_;
+  std::shared_ptr<const sampling::TokenBytes> token_bytes_;
+  std::map<const models::CausalLM*, std::unique_ptr<sampling::Generator>> generators_;
+  std::map<std::pair<const sampling::Generator*, int64_t>, int64_t> sample_ids_;  // (generator, local) → id
+  int64_t next_sample_id_ = 1;
+  std::vector<std::pair<int64_t, sampling::SampleResult>> unclaimed_samples_;
 };
 
 }  // namespace skyrl_tx::backend

@@ -16,6 +16,9 @@ struct BackendConfig {
   int64_t max_full_models = 1;              // full fine-tuning copies (lora_rank = 0) live at once
   int64_t train_micro_batch_tokens = 8192;  // padded tokens per forward/backward micro-batch
   bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
+  int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
+  int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence
+  int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

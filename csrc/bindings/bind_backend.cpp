@@ -28,6 +28,14 @@ void bind_backend(py::module_& m) {
       .def("optim_step", &Backend::optim_step, py::arg("model_id"), py::arg("params"), Release())
       .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
       .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())
+      .def("set_tokenizer_info", &Backend::set_tokenizer_info, py::arg("eos_tokens"), py::arg("token_bytes"))
+      .def("snapshot_adapter", &Backend::snapshot_adapter, py::arg("adapter_id"), py::arg("snapshot_id"), Release())
+      .def("remove_snapshot", &Backend::remove_snapshot, py::arg("snapshot_id"), Release())
+      .def("has_snapshot", &Backend::has_snapshot, py::arg("snapshot_id"))
+      .def("submit_sample", &Backend::submit_sample, py::arg("request"), Release())
+      .def("sample_step", &Backend::sample_step, Release())
+      .def("sampling_idle", &Backend::sampling_idle)
+      .def("sample", &Backend::sample, py::arg("requests"), Release())
       .def_property_readonly("model_config", &Backend::model_config)
       .def_property_readonly("config", &Backend::config);
 }

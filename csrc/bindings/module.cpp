@@ -28,6 +28,7 @@ PYBIND11_MODULE(_C, m) {
   skyrl_tx::bindings::bind_errors(m);
   skyrl_tx::bindings::bind_models(m);
   skyrl_tx::bindings::bind_training(m);
+  skyrl_tx::bindings::bind_sampling(m);
   skyrl_tx::bindings::bind_backend(m);
   skyrl_tx::bindings::bind_dist(m);
 }

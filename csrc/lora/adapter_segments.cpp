@@ -22,6 +22,19 @@ AdapterSegments AdapterSegments::from_sorted_rows(const std::vector<int64_t>& sl
   return AdapterSegments(std::move(segments));
 }
 
+AdapterSegments AdapterSegments::from_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row) {
+  std::vector<Segment> segments;
+  for (size_t row = 0; row < slot_per_row.size(); ++row) {
+    const int64_t slot = slot_per_row[row];
+    if (!segments.empty() && segments.back().slot == slot) {
+      segments.back().length += tokens_per_row;
+    } else {
+      segments.push_back({slot, static_cast<int64_t>(row) * tokens_per_row, tokens_per_row});
+    }
+  }
+  return AdapterSegments(std::move(segments));
+}
+
 AdapterSegments AdapterSegments::uniform(int64_t slot, int64_t num_tokens) {
   return AdapterSegments({{slot, 0, num_tokens}});
 }

@@ -21,6 +21,8 @@ class AdapterSegments {
 
   /// slot_per_row must already be sorted (non-decreasing); each row holds `tokens_per_row` tokens.
   static AdapterSegments from_sorted_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
+  /// Any row order: adjacent rows with the same slot merge; a slot may own several segments.
+  static AdapterSegments from_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
   /// All `num_tokens` rows use one slot.
   static AdapterSegments uniform(int64_t slot, int64_t num_tokens);
 

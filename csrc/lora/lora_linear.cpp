@@ -57,6 +57,17 @@ void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Gen
   scalings_[slot] = scaling;
 }
 
+void LoraLinear::load_slot(int64_t slot, int64_t rank, double scaling, const at::Tensor& a, const at::Tensor& b) {
+  SKYRL_TX_INTERNAL_ASSERT(slot > 0 && slot < static_cast<int64_t>(ranks_.size()), "slot out of range");
+  SKYRL_TX_INTERNAL_ASSERT(rank > 0 && rank <= a_.size(1), "rank out of range");
+  c10::NoGradGuard no_grad;
+  a_.select(0, slot).zero_();
+  b_.select(0, slot).zero_();
+  ranks_[slot] = rank;
+  scalings_[slot] = scaling;
+  set_factors(slot, a, b);
+}
+
 void LoraLinear::disable_slot(int64_t slot) {
   c10::NoGradGuard no_grad;
   a_.select(0, slot).zero_();

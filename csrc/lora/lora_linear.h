@@ -23,6 +23,9 @@ class LoraLinear {
   /// Enables LoRA for `slot` with `rank` and `scaling`; A ~ kaiming-uniform(a=sqrt(5)) from `generator`
   /// (PEFT's default init), B = 0 so the fresh adapter equals the base model.
   void enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator);
+  /// Enables `slot` with given PEFT-oriented factors (a frozen snapshot being made resident).
+  void load_slot(int64_t slot, int64_t rank, double scaling, const at::Tensor& a, const at::Tensor& b);
+  double slot_scaling(int64_t slot) const { return scalings_.at(slot); }
   /// Disables the slot and zeroes its factors (and their gradients), so nothing leaks to the next tenant.
   void disable_slot(int64_t slot);
   bool slot_enabled(int64_t slot) const { return ranks_.at(slot) > 0; }

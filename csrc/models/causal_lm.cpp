@@ -30,11 +30,12 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
 }
 
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,
-                                   const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+                                   const AttentionMask& mask, const lora::AdapterSegments& segments,
+                                   const KvCacheView* cache) const {
   SKYRL_TX_INTERNAL_ASSERT(segments.num_tokens() == input_ids.numel(), "segments must cover the batch");
   at::Tensor h = embed(input_ids);                               // [B, T, hidden]
   auto [cos, sin] = rope(positions, h.scalar_type());           // [B, T, head_dim]
-  for (int64_t i = 0; i < num_layers(); ++i) h = layer_forward(i, h, cos, sin, mask, segments);
+  for (int64_t i = 0; i < num_layers(); ++i) h = layer_forward(i, h, cos, sin, mask, segments, cache);
   return final_norm(h);
 }
 
@@ -45,8 +46,9 @@ std::pair<at::Tensor, at::Tensor> CausalLM::rope(const at::Tensor& positions, at
 }
 
 at::Tensor CausalLM::layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                                   const AttentionMask& mask, const lora::AdapterSegments& segments) const {
-  return layers_.at(layer)->forward(h, cos, sin, mask, segments);
+                                   const AttentionMask& mask, const lora::AdapterSegments& segments,
+                                   const KvCacheView* cache) const {
+  return layers_.at(layer)->forward(h, cos, sin, mask, segments, cache, layer);
 }
 
 at::Tensor CausalLM::final_norm(const at::Tensor& h) const {

@@ -24,16 +24,17 @@ class CausalLM {
   CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options);
 
   /// input_ids, positions: int64 [B, T]; rows sorted so `segments` are contiguous per adapter.
-  /// Returns final-norm hidden states [B * T, hidden] in the compute dtype.
+  /// Returns final-norm hidden states [B * T, hidden] in the compute dtype. `cache`: generation only.
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionMask& mask,
-                           const lora::AdapterSegments& segments) const;
+                           const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr) const;
 
   // Pieces of hidden_states, for the training driver's activation checkpointing (layer by layer).
   at::Tensor embed(const at::Tensor& input_ids) const;  // [B, T] → [B, T, hidden]
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions, at::ScalarType dtype) const;
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   at::Tensor layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                           const AttentionMask& mask, const lora::AdapterSegments& segments) const;
+                           const AttentionMask& mask, const lora::AdapterSegments& segments,
+                           const KvCacheView* cache = nullptr) const;
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, T, hidden] → [B * T, hidden]
 
   const lora::LoraLinear& lm_head() const { return *lm_head_; }

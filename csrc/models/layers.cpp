@@ -40,7 +40,8 @@ Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::st
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                              const AttentionMask& mask, const lora::AdapterSegments& segments) const {
+                              const AttentionMask& mask, const lora::AdapterSegments& segments,
+                              const KvCacheView* cache, int64_t layer) const {
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
   // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
@@ -55,11 +56,28 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   q = RotaryEmbedding::apply(q.transpose(1, 2), cos, sin);
   k = RotaryEmbedding::apply(k.transpose(1, 2), cos, sin);
   v = v.transpose(1, 2);
+  std::optional<at::Tensor> attn_mask = mask.mask.defined() ? std::optional(mask.mask) : std::nullopt;
+  if (cache != nullptr) {
+    at::Tensor k_cache = cache->keys->at(layer);  // [rows, kv_heads, max_len, D]; a handle, shares storage
+    at::Tensor v_cache = cache->values->at(layer);
+    if (!cache->decode) {
+      k_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, k);
+      v_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, v);
+    } else {
+      using at::indexing::Slice;
+      at::Tensor batch_rows = at::arange(batch, cache->positions.options());
+      k_cache.index_put_({batch_rows, Slice(), cache->positions}, k.select(2, 0));  // [B, kv_heads, D]
+      v_cache.index_put_({batch_rows, Slice(), cache->positions}, v.select(2, 0));
+      k = k_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);  // [B, kv_heads, L, D]
+      v = v_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);
+      attn_mask = cache->attend_mask;
+    }
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  const bool causal = !mask.mask.defined();
+  const bool causal = !attn_mask.has_value();
   // attn: [B, heads, T, D]; enable_gqa lets SDPA broadcast kv heads without materialising repeats.
-  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, causal ? std::nullopt : std::optional(mask.mask),
-                                                     0.0, causal, scale, /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
+                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
   return o_proj_.forward(merged, segments).view({batch, seq, -1});
 }
@@ -119,8 +137,9 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const s
       mlp_(config, ctx, prefix + ".mlp") {}
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                 const AttentionMask& mask, const lora::AdapterSegments& segments) const {
-  at::Tensor h = x + self_attn_.forward(input_layernorm_.forward(x), cos, sin, mask, segments);
+                                 const AttentionMask& mask, const lora::AdapterSegments& segments,
+                                 const KvCacheView* cache, int64_t layer) const {
+  at::Tensor h = x + self_attn_.forward(input_layernorm_.forward(x), cos, sin, mask, segments, cache, layer);
   at::Tensor normed = post_attention_layernorm_.forward(h);
   return h + mlp_.forward(normed.reshape({-1, normed.size(-1)}), segments).view_as(h);
 }

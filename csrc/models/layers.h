@@ -49,12 +49,25 @@ struct AttentionMask {
   at::Tensor mask;
 };
 
+/// Generation: where attention writes this batch's K/V and, when decoding, reads the past from.
+/// NOTE: in decode mode, batch row b is cache row b (the generator decodes cache rows [0, B)).
+struct KvCacheView {
+  const std::vector<at::Tensor>* keys = nullptr;    // per layer: [rows, kv_heads, max_len, head_dim]
+  const std::vector<at::Tensor>* values = nullptr;  // per layer: same
+  bool decode = false;
+  at::Tensor rows;         // prefill: int64 [B], the cache row of each batch row (positions [0, T) written)
+  at::Tensor positions;    // decode: int64 [B], where each row's single new token goes
+  int64_t attend_len = 0;  // decode: keys [0, attend_len) are read
+  at::Tensor attend_mask;  // decode: bool [B, 1, 1, attend_len]
+};
+
 class Attention {
  public:
   Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
-  /// x: [B, T, hidden]; cos/sin: [B, T, head_dim] → [B, T, hidden].
+  /// x: [B, T, hidden]; cos/sin: [B, T, head_dim] → [B, T, hidden]. `cache`/`layer`: generation only.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
-                     const lora::AdapterSegments& segments) const;
+                     const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
+                     int64_t layer = 0) const;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
@@ -81,7 +94,8 @@ class DecoderLayer {
   DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
   /// Pre-norm residual block. x: [B, T, hidden] → [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
-                     const lora::AdapterSegments& segments) const;
+                     const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
+                     int64_t layer = 0) const;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
 

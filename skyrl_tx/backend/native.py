@@ -15,7 +15,9 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
-from skyrl_tx.types import AdamParams, Datum, TrainRequest, TrainResult
+from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
+from skyrl_tx.types import (AdamParams, Datum, SampledSequence, SampleRequest, SampleResult, TrainRequest,
+                            TrainResult)
 
 PEFT_PREFIX = "base_model.model."
 
@@ -57,6 +59,9 @@ class NativeBackend:
             _native_backend_config(self.settings),
             load_weights(self.model_dir),
         )
+        token_bytes = token_bytes_table(self.model_dir, self.decoder_config.vocab_size)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.decoder_config.eos_token_ids)
+        self._core.set_tokenizer_info(self.eos_token_ids, token_bytes or [])
 
     @classmethod
     def from_name(cls, base_model: str, settings: BackendSettings | None = None) -> NativeBackend:
@@ -132,15 +137,30 @@ class NativeBackend:
 
     def trainable_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies."""
-        return self._peft_names(model_id, self._core.trainable_state(model_id))
+        return _peft_names(self._core.trainable_state(model_id))
 
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
-        return self._peft_names(model_id, self._core.trainable_grads(model_id))
+        return _peft_names(self._core.trainable_grads(model_id))
 
-    def _peft_names(self, model_id: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if any(".lora_" in name for name in tensors):
-            return {PEFT_PREFIX + k: v for k, v in tensors.items()}
-        return dict(tensors)
+    # ---- sampling -------------------------------------------------------------------------------
+    def snapshot(self, model_id: str, snapshot_id: str) -> None:
+        """Freezes the adapter's current weights; sampling `snapshot_id` ignores later training."""
+        self._core.snapshot_adapter(model_id, snapshot_id)
+
+    def remove_snapshot(self, snapshot_id: str) -> None:
+        self._core.remove_snapshot(snapshot_id)
+
+    def submit_sample(self, request: SampleRequest) -> int:
+        """Queues a request for the continuous batch; sample_step() returns it when finished."""
+        return self._core.submit_sample(_native_sample_request(request))
+
+    def sample_step(self) -> list[tuple[int, SampleResult]]:
+        return [(i, _sample_result(r)) for i, r in self._core.sample_step()]
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
+        """Runs the requests to completion in one continuous batch."""
+        return [_sample_result(r) for r in self._core.sample([_native_sample_request(r) for r in requests])]
+
 
     # ---- compute --------------------------------------------------------------------------------
     def token_logprobs(self, input_tokens: Sequence[Sequence[int] | torch.Tensor],
@@ -150,6 +170,13 @@ class NativeBackend:
         ids = list(adapter_ids) if adapter_ids is not None else [""] * len(input_tokens)
         return self._core.token_logprobs([_as_token_tensor(t) for t in input_tokens],
                                          [_as_token_tensor(t) for t in target_tokens], ids)
+
+
+def _peft_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LoRA factors get PEFT's 'base_model.model.' prefix; full fine-tuning keeps HF names."""
+    if any(".lora_" in name for name in tensors):
+        return {PEFT_PREFIX + k: v for k, v in tensors.items()}
+    return dict(tensors)
 
 
 def _loss_input(name: str, value: list | torch.Tensor) -> torch.Tensor:
@@ -172,3 +199,35 @@ def _results(native_results) -> list[TrainResult]:
     return [TrainResult(loss_fn_outputs=[{"logprobs": o.logprobs, "elementwise_loss": o.elementwise_loss}
                                          for o in r.loss_fn_outputs],
                         metrics=dict(r.metrics)) for r in native_results]
+
+
+def _native_sample_request(request: SampleRequest):
+    _C = load_extension()
+    params = _C.SamplingParams()
+    p = request.sampling_params
+    params.max_tokens, params.temperature, params.top_k, params.top_p = p.max_tokens, p.temperature, p.top_k, p.top_p
+    params.seed = p.seed
+    stop = list(p.stop or [])
+    if any(isinstance(s, str) for s in stop) and not all(isinstance(s, str) for s in stop):
+        raise InvalidArgumentError("sample: stop must be all token ids or all strings")
+    params.stop_strings = [s for s in stop if isinstance(s, str)]
+    params.stop_tokens = [int(s) for s in stop if not isinstance(s, str)]
+    native = _C.SampleRequest()
+    native.weights_id, native.prompt = request.weights_id, _as_token_tensor(request.prompt_tokens)
+    native.num_samples, native.params = request.num_samples, params
+    native.prompt_logprobs, native.topk_prompt_logprobs = request.prompt_logprobs, request.topk_prompt_logprobs
+    return native
+
+
+def _sample_result(native) -> SampleResult:
+    prompt_logprobs = None
+    if native.prompt_logprobs is not None and native.prompt_logprobs.numel() > 0:
+        values = native.prompt_logprobs.tolist()
+        prompt_logprobs = [None] + values[1:]
+    topk = None
+    if native.topk_prompt_token_ids is not None and native.topk_prompt_token_ids.numel() > 0:
+        ids, lps = native.topk_prompt_token_ids.tolist(), native.topk_prompt_logprobs.tolist()
+        topk = [None] + [list(zip(i, lp)) for i, lp in zip(ids[1:], lps[1:])]
+    return SampleResult(
+        sequences=[SampledSequence(list(s.tokens), list(s.logprobs), s.stop_reason) for s in native.sequences],
+        prompt_logprobs=prompt_logprobs, topk_prompt_logprobs=topk)

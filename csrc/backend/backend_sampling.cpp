@@ -1,0 +1,166 @@
+// Backend's sampling half: frozen adapter snapshots (LRU-resident in device slots) and the generators.
+#include "backend/backend.h"
+
+#include <c10/core/GradMode.h>
+
+#include "common/errors.h"
+
+namespace skyrl_tx::backend {
+
+void Backend::set_tokenizer_info(std::vector<int64_t> eos_tokens, std::vector<std::string> token_bytes) {
+  SKYRL_TX_CHECK(generators_.empty(), Conflict, "set_tokenizer_info: must be called before the first sample");
+  eos_tokens_ = std::move(eos_tokens);
+  token_bytes_ = std::make_shared<const sampling::TokenBytes>(std::move(token_bytes));
+}
+
+void Backend::snapshot_adapter(const std::string& adapter_id, const std::string& snapshot_id) {
+  SKYRL_TX_CHECK(!snapshot_id.empty() && !snapshots_.count(snapshot_id) && !registry_.contains(snapshot_id) &&
+                     !full_models_.count(snapshot_id),
+                 Conflict, "snapshot: id '", snapshot_id, "' is empty or already in use");
+  SKYRL_TX_CHECK(!full_models_.count(adapter_id), Unimplemented, "snapshot: model '", adapter_id,
+                 "' is fully fine-tuned; sampling snapshots of full models are not supported yet, "
+                 "sample the live model or export its weights");
+  const int64_t slot = registry_.slot_of(adapter_id);
+  SKYRL_TX_CHECK(slot != 0, InvalidArgument, "snapshot: name an adapter, not the base model");
+  Snapshot snapshot;
+  snapshot.config = registry_.config_of(adapter_id);
+  c10::NoGradGuard no_grad;
+  for (const auto& m : model_->lora_modules()) {
+    if (!m.module->slot_enabled(slot)) continue;
+    snapshot.factors[m.name] = {m.module->lora_a(slot).detach().to(at::kCPU, at::kFloat, false, true),
+                                m.module->lora_b(slot).detach().to(at::kCPU, at::kFloat, false, true)};
+  }
+  snapshots_[snapshot_id] = std::move(snapshot);
+}
+
+void Backend::remove_snapshot(const std::string& snapshot_id) {
+  auto it = snapshots_.find(snapshot_id);
+  SKYRL_TX_CHECK(it != snapshots_.end(), NotFound, "snapshot '", snapshot_id, "' not found");
+  const int64_t slot = it->second.slot;
+  if (slot >= 0) {
+    SKYRL_TX_CHECK(!busy_slots().count(slot), Conflict, "snapshot '", snapshot_id,
+                   "' is serving running sample requests; remove it once they finish");
+    for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
+  }
+  snapshots_.erase(it);
+}
+
+int64_t Backend::resident_slot(const std::string& snapshot_id) {
+  Snapshot& snapshot = snapshots_.at(snapshot_id);
+  snapshot.last_used = ++use_clock_;
+  if (snapshot.slot >= 0) return snapshot.slot;
+  // Pick a free snapshot slot, else evict the least recently used snapshot no running request needs.
+  const int64_t first = config_.max_lora_adapters + 1, last = first + config_.max_resident_snapshots;
+  std::set<int64_t> taken;
+  for (const auto& [id, s] : snapshots_) if (s.slot >= 0) taken.insert(s.slot);
+  const std::set<int64_t> busy = busy_slots();
+  int64_t slot = -1;
+  for (int64_t candidate = first; candidate < last && slot < 0; ++candidate) {
+    if (!taken.count(candidate)) slot = candidate;
+  }
+  if (slot < 0) {
+    Snapshot* victim = nullptr;
+    for (auto& [id, s] : snapshots_) {
+      if (s.slot >= 0 && !busy.count(s.slot) && (victim == nullptr || s.last_used < victim->last_used)) victim = &s;
+    }
+    SKYRL_TX_CHECK(victim != nullptr, ResourceExhausted, "sample: all ", config_.max_resident_snapshots,
+                   " snapshot slots serve running requests; retry shortly or raise max_resident_snapshots");
+    slot = victim->slot;
+    victim->slot = -1;  // its factors stay in host memory; it becomes resident again on next use
+  }
+  const lora::LoraConfig& cfg = snapshot.config;
+  for (const auto& m : model_->lora_modules()) {
+    auto it = snapshot.factors.find(m.name);
+    if (it == snapshot.factors.end()) {
+      m.module->disable_slot(slot);
+    } else {
+      m.module->load_slot(slot, cfg.rank, cfg.scaling(), it->second.first, it->second.second);
+    }
+  }
+  snapshot.slot = slot;
+  return slot;
+}
+
+std::set<int64_t> Backend::busy_slots() const {
+  auto it = generators_.find(model_.get());
+  return it == generators_.end() ? std::set<int64_t>{} : it->second->slots_in_use();
+}
+
+sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
+  auto& generator = generators_[&model];
+  if (!generator) {
+    sampling::GeneratorConfig cfg;
+    cfg.max_sequences = config_.max_sampling_sequences;
+    cfg.max_length = std::min<int64_t>(config_.max_sampling_length, model.config().max_position_embeddings);
+    cfg.prefill_token_budget = config_.train_micro_batch_tokens;
+    cfg.seed = config_.seed;
+    generator = std::make_unique<sampling::Generator>(model, cfg, eos_tokens_, token_bytes_);
+  }
+  return *generator;
+}
+
+int64_t Backend::submit_sample(sampling::SampleRequest request) {
+  const models::CausalLM* model = model_.get();
+  int64_t slot = 0;
+  const std::string& id = request.weights_id;
+  if (auto full = full_models_.find(id); full != full_models_.end()) {
+    model = full->second.get();
+  } else if (snapshots_.count(id)) {
+    slot = resident_slot(id);
+  } else {
+    slot = registry_.slot_of(id);  // "" = base (slot 0); unknown ids throw NotFound
+  }
+  sampling::Generator& generator = generator_for(*model);
+  const int64_t local = generator.submit(std::move(request), slot);
+  sample_ids_[{&generator, local}] = next_sample_id_;
+  return next_sample_id_++;
+}
+
+std::vector<std::pair<int64_t, sampling::SampleResult>> Backend::sample_step() {
+  std::vector<std::pair<int64_t, sampling::SampleResult>> finished = std::exchange(unclaimed_samples_, {});
+  for (auto& [model, generator] : generators_) {
+    if (generator->idle()) continue;
+    for (auto& [local, result] : generator->step()) {
+      auto it = sample_ids_.find({generator.get(), local});
+      finished.emplace_back(it->second, std::move(result));
+      sample_ids_.erase(it);
+    }
+  }
+  return finished;
+}
+
+bool Backend::sampling_idle() const {
+  for (const auto& [model, generator] : generators_) {
+    if (!generator->idle()) return false;
+  }
+  return true;
+}
+
+std::vector<sampling::SampleResult> Backend::sample(const std::vector<sampling::SampleRequest>& requests) {
+  std::map<int64_t, size_t> index_of;
+  std::vector<sampling::SampleResult> results(requests.size());
+  size_t next = 0, done = 0;
+  while (done < requests.size()) {
+    // Submit what can be submitted; a snapshot that cannot be made resident yet waits for a step.
+    for (; next < requests.size(); ++next) {
+      try {
+        index_of[submit_sample(requests[next])] = next;
+      } catch (const ResourceExhausted&) {
+        if (sampling_idle()) throw;
+        break;
+      }
+    }
+    for (auto& [id, result] : sample_step()) {
+      auto it = index_of.find(id);
+      if (it == index_of.end()) {  // a request of the continuous API: hand it to the next sample_step
+        unclaimed_samples_.emplace_back(id, std::move(result));
+        continue;
+      }
+      results[it->second] = std::move(result);
+      ++done;
+    }
+  }
+  return results;
+}
+
+}  // namespace skyrl_tx::backend

@@ -1,0 +1,85 @@
+// Generator: continuous batching over a KV cache: queued requests are prefilled into free rows and join
+// the running decode batch; finished sequences leave it, so one long request never holds the others back.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "models/causal_lm.h"
+#include "sampling/kv_cache.h"
+#include "sampling/sampling_params.h"
+#include "sampling/stop_matcher.h"
+
+namespace skyrl_tx::sampling {
+
+struct GeneratorConfig {
+  int64_t max_sequences = 16;           // KV cache rows (sequences decoding at once)
+  int64_t max_length = 2048;            // prompt + completion tokens per sequence
+  int64_t prefill_token_budget = 8192;  // prompt tokens prefilled per step
+  uint64_t seed = 0;                    // draws seeds for requests that bring none
+};
+
+/// NOTE: single owner (the engine thread); the model must outlive the generator.
+class Generator {
+ public:
+  Generator(const models::CausalLM& model, const GeneratorConfig& config, std::vector<int64_t> eos_tokens,
+            std::shared_ptr<const TokenBytes> token_bytes);
+
+  /// Validates and queues a request whose weights live in adapter `slot` (0 = base). Returns its id.
+  /// Throws InvalidArgument when it can never fit (prompt + max_tokens > max_length, too many samples).
+  int64_t submit(SampleRequest request, int64_t slot);
+  /// One iteration: prefill queued requests that fit (FIFO), then one decode step of every running
+  /// sequence. Returns the requests that finished, by id.
+  std::vector<std::pair<int64_t, SampleResult>> step();
+  bool idle() const { return waiting_.empty() && running_ == 0; }
+  /// Adapter slots that queued or running requests still need (snapshot eviction must spare them).
+  std::set<int64_t> slots_in_use() const;
+
+ private:
+  struct Request {
+    SampleRequest request;
+    int64_t slot = 0;
+    SampleResult result;
+    int64_t unfinished = 0;
+    std::vector<int64_t> rows;
+  };
+  struct Sequence {
+    int64_t request_id = 0, sample_index = 0, slot = 0;
+    int64_t cached = 0;      // tokens whose K/V are in the cache
+    int64_t last_token = 0;  // sampled, not yet in the cache
+    at::Generator rng;
+    std::unique_ptr<StopMatcher> stop;
+    SampledSequence out;
+  };
+
+  std::vector<int64_t> admit();
+  void prefill(const std::vector<int64_t>& request_ids);
+  void prompt_logprobs(Request& req, const at::Tensor& hidden);
+  void decode();
+  /// Samples one token for each listed row from logits [rows, V] and applies stop rules.
+  void choose(const std::vector<int64_t>& rows, const at::Tensor& logits);
+  void finish(int64_t row, const char* reason);
+  at::Generator sequence_rng(const SampleRequest& request, int64_t sample_index);
+
+  const models::CausalLM& model_;
+  GeneratorConfig config_;
+  std::vector<int64_t> eos_tokens_;
+  std::shared_ptr<const TokenBytes> token_bytes_;
+  KvCache cache_;
+  at::Generator seed_source_;
+  int64_t next_id_ = 1;
+  std::deque<int64_t> waiting_;
+  std::map<int64_t, Request> requests_;
+  std::vector<std::optional<Sequence>> rows_;  // by KV cache row
+  int64_t running_ = 0;
+  std::vector<std::pair<int64_t, SampleResult>> finished_;
+};
+
+}  // namespace skyrl_tx::sampling
