@@ -1,0 +1,191 @@
+// Tests lora::LoraLinear: base equivalence of fresh slots, per-segment LoRA math, ranks, disable, init and gradients.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "common/errors.h"
+#include "lora/lora_linear.h"
+#include "testing/tensor_asserts.h"
+#include "testing/tiny_model.h"
+
+namespace skyrl_tx::lora {
+namespace {
+
+using skyrl_tx::testing::make_gen;
+using skyrl_tx::testing::randn;
+
+constexpr int64_t kIn = 12, kOut = 10, kSlots = 4, kMaxRank = 4;
+
+class LoraLinearTest : public ::testing::Test {
+ protected:
+  LoraLinearTest() : gen_(make_gen(1234)) {
+    weight_ = randn({kOut, kIn}, gen_);
+    bias_ = randn({kOut}, gen_);
+    x_ = randn({9, kIn}, gen_);
+  }
+
+  // Reference: x W^T + b + scaling * (x A^T) B^T.
+  at::Tensor expected(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scaling) const {
+    at::Tensor y = at::matmul(x, weight_.t()) + bias_;
+    if (a.defined()) y = y + scaling * at::matmul(at::matmul(x, a.t()), b.t());
+    return y;
+  }
+
+  at::Generator gen_;
+  at::Tensor weight_, bias_, x_;
+};
+
+TEST_F(LoraLinearTest, FreshSlotEqualsBaseBitForBit) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  EXPECT_FALSE(lin.slot_enabled(1));
+  lin.enable_slot(1, kMaxRank, 2.0, make_gen(7));
+  EXPECT_TRUE(lin.slot_enabled(1));
+  EXPECT_EQ(lin.slot_rank(1), kMaxRank);
+  EXPECT_GT(lin.lora_a(1).abs().max().item<float>(), 0.0f);  // A is random ...
+  EXPECT_EQ(lin.lora_b(1).abs().max().item<float>(), 0.0f);  // ... B is zero
+  at::Tensor base = at::linear(x_, weight_, bias_);
+  at::Tensor y = lin.forward(x_, AdapterSegments::uniform(1, x_.size(0)));
+  EXPECT_TRUE(at::equal(y, base));
+  EXPECT_TENSOR_CLOSE(base, expected(x_, at::Tensor(), at::Tensor(), 0.0), 1e-5, 1e-5);
+}
+
+TEST_F(LoraLinearTest, ForwardAppliesEachSegmentsAdapter) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));
+  lin.enable_slot(2, kMaxRank, 3.0, make_gen(2));
+  at::Tensor a1 = randn({kMaxRank, kIn}, gen_), b1 = randn({kOut, kMaxRank}, gen_);
+  at::Tensor a2 = randn({kMaxRank, kIn}, gen_), b2 = randn({kOut, kMaxRank}, gen_);
+  lin.set_factors(1, a1, b1);
+  lin.set_factors(2, a2, b2);
+  EXPECT_TENSOR_EQ(lin.lora_a(1), a1);
+  EXPECT_TENSOR_EQ(lin.lora_b(2), b2);
+
+  // rows 0..2 slot 1, rows 3..6 slot 2, rows 7..8 base
+  AdapterSegments segs({{1, 0, 3}, {2, 3, 4}, {0, 7, 2}});
+  at::Tensor y = lin.forward(x_, segs);
+  at::Tensor ref = at::cat({expected(x_.narrow(0, 0, 3), a1, b1, 0.5), expected(x_.narrow(0, 3, 4), a2, b2, 3.0),
+                            expected(x_.narrow(0, 7, 2), at::Tensor(), at::Tensor(), 0.0)});
+  EXPECT_TENSOR_CLOSE(y, ref, 1e-5, 1e-5);
+  // The adapters really change the output.
+  EXPECT_FALSE(at::allclose(y.narrow(0, 0, 7), at::linear(x_.narrow(0, 0, 7), weight_, bias_)));
+}
+
+TEST_F(LoraLinearTest, SlotNotEnabledHereGetsBaseOutput) {
+  LoraLinear lin(weight_, at::Tensor(), kSlots, kMaxRank);
+  lin.enable_slot(1, kMaxRank, 1.0, make_gen(1));
+  lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+  at::Tensor y = lin.forward(x_, AdapterSegments({{1, 0, 4}, {3, 4, 5}}));  // slot 3 never enabled
+  EXPECT_TRUE(at::equal(y.narrow(0, 4, 5), at::linear(x_.narrow(0, 4, 5), weight_)));
+}
+
+TEST_F(LoraLinearTest, SmallerRankUsesOnlyItsRank) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(2, 2, 1.5, make_gen(3));
+  EXPECT_EQ(lin.slot_rank(2), 2);
+  EXPECT_EQ(lin.lora_a(2).sizes(), at::IntArrayRef({2, kIn}));
+  EXPECT_EQ(lin.lora_b(2).sizes(), at::IntArrayRef({kOut, 2}));
+  // Rows/columns beyond the rank start at zero ...
+  EXPECT_EQ(lin.stacked_a().select(0, 2).narrow(0, 2, kMaxRank - 2).abs().max().item<float>(), 0.0f);
+  at::Tensor a = randn({2, kIn}, gen_), b = randn({kOut, 2}, gen_);
+  lin.set_factors(2, a, b);
+  {  // ... and garbage there must not be read.
+    c10::NoGradGuard no_grad;
+    lin.stacked_a().select(0, 2).narrow(0, 2, kMaxRank - 2).fill_(100.0);
+    lin.stacked_b().select(0, 2).narrow(1, 2, kMaxRank - 2).fill_(100.0);
+  }
+  at::Tensor y = lin.forward(x_, AdapterSegments::uniform(2, x_.size(0)));
+  EXPECT_TENSOR_CLOSE(y, expected(x_, a, b, 1.5), 1e-5, 1e-5);
+}
+
+TEST_F(LoraLinearTest, DisableSlotZeroesFactorsAndGrads) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(1, kMaxRank, 1.0, make_gen(1));
+  lin.enable_slot(2, kMaxRank, 1.0, make_gen(2));
+  lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+  lin.set_factors(2, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+  lin.forward(x_, AdapterSegments({{1, 0, 4}, {2, 4, 5}})).sum().backward();
+  ASSERT_TRUE(lin.stacked_a().grad().defined());
+  ASSERT_GT(lin.stacked_a().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  ASSERT_GT(lin.stacked_b().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  at::Tensor a2_before = lin.lora_a(2).detach().clone();
+  at::Tensor grad_a2_before = lin.stacked_a().grad().select(0, 2).clone();
+
+  lin.disable_slot(1);
+  EXPECT_FALSE(lin.slot_enabled(1));
+  EXPECT_EQ(lin.stacked_a().select(0, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.stacked_b().select(0, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.stacked_a().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.stacked_b().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  // The neighbour slot is untouched.
+  EXPECT_TENSOR_EQ(lin.lora_a(2), a2_before);
+  EXPECT_TENSOR_EQ(lin.stacked_a().grad().select(0, 2), grad_a2_before);
+  // The disabled slot is back to the base output and set_factors is refused.
+  EXPECT_TRUE(at::equal(lin.forward(x_, AdapterSegments::uniform(1, x_.size(0))), at::linear(x_, weight_, bias_)));
+  EXPECT_THROW(lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_)), InvalidArgument);
+}
+
+TEST_F(LoraLinearTest, SetFactorsRejectsWrongShapes) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(1, 3, 1.0, make_gen(1));
+  at::Tensor good_a = randn({3, kIn}, gen_), good_b = randn({kOut, 3}, gen_);
+  EXPECT_THROW(lin.set_factors(1, randn({kMaxRank, kIn}, gen_), good_b), InvalidArgument);  // max rank, not slot rank
+  EXPECT_THROW(lin.set_factors(1, randn({3, kIn + 1}, gen_), good_b), InvalidArgument);
+  EXPECT_THROW(lin.set_factors(1, good_a, randn({3, kOut}, gen_)), InvalidArgument);       // transposed
+  EXPECT_THROW(lin.set_factors(1, good_a.unsqueeze(0), good_b), InvalidArgument);
+  try {
+    lin.set_factors(1, good_a, randn({kOut, 2}, gen_));
+    ADD_FAILURE() << "wrong lora_B shape accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lora_B"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(lin.lora_b(1).abs().max().item<float>(), 0.0f);  // nothing was written
+  EXPECT_NO_THROW(lin.set_factors(1, good_a, good_b));
+}
+
+TEST_F(LoraLinearTest, SeedDeterminesInitialA) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(1, kMaxRank, 1.0, make_gen(42));
+  lin.enable_slot(2, kMaxRank, 1.0, make_gen(42));
+  lin.enable_slot(3, kMaxRank, 1.0, make_gen(43));
+  EXPECT_TENSOR_EQ(lin.lora_a(1), lin.lora_a(2));
+  EXPECT_FALSE(at::equal(lin.lora_a(1), lin.lora_a(3)));
+  // kaiming-uniform(a=sqrt(5)) bound = 1 / sqrt(in_features)
+  const float bound = 1.0f / std::sqrt(static_cast<float>(kIn));
+  EXPECT_LE(lin.lora_a(1).abs().max().item<float>(), bound);
+  // Re-enabling the same slot with the same seed reproduces A exactly.
+  at::Tensor first = lin.lora_a(1).detach().clone();
+  lin.disable_slot(1);
+  lin.enable_slot(1, kMaxRank, 1.0, make_gen(42));
+  EXPECT_TENSOR_EQ(lin.lora_a(1), first);
+}
+
+TEST_F(LoraLinearTest, GradientsReachOnlyTheUsedSlot) {
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  const double scaling = 0.75;
+  lin.enable_slot(1, kMaxRank, scaling, make_gen(1));
+  lin.enable_slot(2, kMaxRank, scaling, make_gen(2));
+  at::Tensor a1 = randn({kMaxRank, kIn}, gen_), b1 = randn({kOut, kMaxRank}, gen_);
+  lin.set_factors(1, a1, b1);
+  lin.set_factors(2, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+  at::Tensor x = x_.narrow(0, 0, 6);
+  lin.forward(x, AdapterSegments({{0, 0, 2}, {1, 2, 4}})).sum().backward();
+
+  at::Tensor ga = lin.stacked_a().grad(), gb = lin.stacked_b().grad();
+  ASSERT_TRUE(ga.defined() && gb.defined());
+  for (int64_t slot : {0, 2, 3}) {
+    EXPECT_EQ(ga.select(0, slot).abs().max().item<float>(), 0.0f) << "slot " << slot;
+    EXPECT_EQ(gb.select(0, slot).abs().max().item<float>(), 0.0f) << "slot " << slot;
+  }
+  // d/dB[o,r] sum = s * sum_n (x A^T)[n,r];  d/dA[r,i] sum = s * (sum_o B[o,r]) * (sum_n x[n,i])
+  at::Tensor xs = x.narrow(0, 2, 4);
+  at::Tensor expect_gb = scaling * at::matmul(xs, a1.t()).sum(0).unsqueeze(0).expand({kOut, kMaxRank});
+  at::Tensor expect_ga = scaling * at::outer(b1.sum(0), xs.sum(0));
+  EXPECT_TENSOR_CLOSE(gb.select(0, 1), expect_gb, 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(ga.select(0, 1), expect_ga, 1e-5, 1e-5);
+  // The frozen base weight gets no gradient.
+  EXPECT_FALSE(lin.weight().requires_grad());
+}
+
+}  // namespace
+}  // namespace skyrl_tx::lora
