@@ -79,6 +79,8 @@ void Backend::remove_adapter(const std::string& adapter_id) {
 void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<std::string, at::Tensor>& weights) {
   const int64_t slot = registry_.slot_of(adapter_id);
   SKYRL_TX_CHECK(slot != 0, InvalidArgument, "set_adapter_weights: name an adapter, not the base model");
+  // Check every name and shape before copying anything, so a bad file never half-overwrites an adapter.
+  std::vector<std::pair<lora::LoraLinear*, std::pair<at::Tensor, at::Tensor>>> updates;
   std::set<std::string> unused;
   for (const auto& [name, tensor] : weights) unused.insert(name);
   for (const auto& m : model_->lora_modules()) {
@@ -87,12 +89,17 @@ void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<
     auto a = weights.find(a_name), b = weights.find(b_name);
     SKYRL_TX_CHECK(a != weights.end() && b != weights.end(), InvalidArgument, "set_adapter_weights: adapter '",
                    adapter_id, "' targets ", m.name, " but ", a_name, " / ", b_name, " are missing");
-    m.module->set_factors(slot, a->second, b->second);
+    const at::Tensor current_a = m.module->lora_a(slot), current_b = m.module->lora_b(slot);
+    SKYRL_TX_CHECK(a->second.sizes() == current_a.sizes() && b->second.sizes() == current_b.sizes(), InvalidArgument,
+                   "set_adapter_weights: ", m.name, " expects lora_A ", current_a.sizes(), " and lora_B ",
+                   current_b.sizes(), ", got ", a->second.sizes(), " and ", b->second.sizes());
+    updates.push_back({m.module, {a->second, b->second}});
     unused.erase(a_name);
     unused.erase(b_name);
   }
   SKYRL_TX_CHECK(unused.empty(), InvalidArgument, "set_adapter_weights: unexpected tensor '", *unused.begin(),
                  "' (not a LoRA factor of a module this adapter targets)");
+  for (auto& [module, factors] : updates) module->set_factors(slot, factors.first, factors.second);
 }
 
 std::map<std::string, at::Tensor> Backend::get_adapter_weights(const std::string& adapter_id) const {

@@ -4,10 +4,18 @@
 #include "common/errors.h"
 
 namespace skyrl_tx::models {
+namespace {
+
+// Members built from the config (RoPE divides by head counts) must only ever see a validated one.
+const ModelConfig& validated(const ModelConfig& config) {
+  config.validate();
+  return config;
+}
+
+}  // namespace
 
 CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options)
-    : config_(config), options_(options), rope_(config) {
-  config_.validate();
+    : config_(validated(config)), options_(options), rope_(config_) {
   WeightStore store(std::move(weights), options.dtype, options.device);
   BuildContext ctx{store, options.num_slots, options.max_rank};
   embed_tokens_ = store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});

@@ -28,6 +28,11 @@ void ModelConfig::validate() const {
   SKYRL_TX_CHECK(rope_scaling.type == "default" || rope_scaling.type == "llama3", Unimplemented,
                  "model config: rope scaling type '", rope_scaling.type, "' is not supported (supported: llama3)");
   if (rope_scaling.type == "llama3") {
+    SKYRL_TX_CHECK(rope_scaling.factor > 0 && rope_scaling.low_freq_factor > 0 &&
+                       rope_scaling.original_max_position_embeddings > 0,
+                   InvalidArgument, "model config: rope_scaling factor, low_freq_factor and "
+                   "original_max_position_embeddings must be > 0 (got ", rope_scaling.factor, ", ",
+                   rope_scaling.low_freq_factor, ", ", rope_scaling.original_max_position_embeddings, ")");
     SKYRL_TX_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor, InvalidArgument,
                    "model config: rope_scaling.high_freq_factor must exceed low_freq_factor");
   }

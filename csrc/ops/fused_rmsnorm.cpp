@@ -28,6 +28,9 @@ at::Tensor fused_rmsnorm(const at::Tensor& x, const at::Tensor& weight, double e
 #ifdef SKYRL_TX_WITH_CUDA
   SKYRL_TX_CHECK(x.is_cuda() && weight.is_cuda() && weight.scalar_type() == x.scalar_type(), InvalidArgument,
                  "fused_rmsnorm: x and weight must be CUDA tensors of one dtype");
+  SKYRL_TX_CHECK(x.dim() >= 1 && x.size(-1) > 0 && x.is_contiguous() && weight.numel() == x.size(-1),
+                 InvalidArgument, "fused_rmsnorm: x must be contiguous [..., dim > 0] and weight [dim] (got x ",
+                 x.sizes(), ", weight ", weight.sizes(), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   const int64_t dim = x.size(-1);

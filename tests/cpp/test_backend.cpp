@@ -200,6 +200,15 @@ TEST_F(BackendTest, SetAdapterWeightsRejectsBadInput) {
   EXPECT_THROW(backend_->set_adapter_weights("", random_factors("a")), InvalidArgument);
 }
 
+TEST_F(BackendTest, RejectedAdapterWeightsLeaveTheAdapterUntouched) {
+  backend_->create_adapter("a", lora_config(4, 8.0, 1));
+  const Weights before = backend_->get_adapter_weights("a");
+  Weights bad = random_factors("a");
+  bad["bogus"] = randn({2, 2}, gen_);  // rejected only after every module was looked at
+  EXPECT_THROW(backend_->set_adapter_weights("a", bad), InvalidArgument);
+  for (const auto& [name, tensor] : backend_->get_adapter_weights("a")) EXPECT_TENSOR_EQ(tensor, before.at(name));
+}
+
 TEST_F(BackendTest, ErrorKinds) {
   backend_->create_adapter("a", lora_config(4, 8.0, 1));
   at::Tensor ids = tokens(4);
@@ -245,6 +254,10 @@ TEST(BackendConfig, ConstructorValidates) {
   models::WeightMap broken = w;
   broken.erase("model.norm.weight");
   EXPECT_THROW((void)Backend(mc, ok, broken), InvalidArgument);
+  models::ModelConfig no_heads = mc;  // must be a typed error, not a division by zero in RoPE setup
+  no_heads.num_attention_heads = 0;
+  no_heads.head_dim = 0;
+  EXPECT_THROW((void)Backend(no_heads, ok, w), InvalidArgument);
 }
 
 }  // namespace

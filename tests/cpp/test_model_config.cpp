@@ -84,6 +84,12 @@ TEST(ModelConfig, NonPositiveEpsAndThetaAreInvalid) {
 TEST(ModelConfig, UnsupportedRopeTypeIsUnimplemented) {
   expect_rejects<Unimplemented>([](ModelConfig& c) { c.rope_scaling.type = "yarn"; }, "yarn");
   expect_rejects<Unimplemented>([](ModelConfig& c) { c.rope_scaling.type = "linear"; }, "rope");
+  for (auto field : {&RopeScaling::factor, &RopeScaling::low_freq_factor}) {
+    expect_rejects<InvalidArgument>([field](ModelConfig& c) {
+      c.rope_scaling.type = "llama3";
+      c.rope_scaling.*field = 0.0;  // a divisor / scale: zero would give inf frequencies, then NaN logits
+    }, "rope_scaling");
+  }
 }
 
 TEST(ModelConfig, Llama3FactorsMustBeOrdered) {
