@@ -44,12 +44,12 @@ step "ctest (build/py)"
 ctest --test-dir build/py --output-on-failure -L cpu -j "$JOBS"
 
 if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
-  # The main build took the CUDA path; prove the CPU-only configuration compiles and passes too.
-  step "CPU-only build + ctest (build/cpu-only)"
+  # The main build took the CUDA path (its tests run on the CPU); prove the CPU-only configuration of
+  # the core and the module compiles too. Its GoogleTests would repeat the same CPU code paths.
+  step "CPU-only build (build/cpu-only)"
   cmake -S . -B build/cpu-only -G Ninja -DPython_EXECUTABLE="$PY" -DSKYRL_TX_WITH_CUDA=OFF \
-    -DSKYRL_TX_BUILD_TESTS=ON -DSKYRL_TX_WERROR=ON >/dev/null
-  cmake --build build/cpu-only
-  ctest --test-dir build/cpu-only --output-on-failure -L cpu -j "$JOBS"
+    -DSKYRL_TX_BUILD_TESTS=OFF -DSKYRL_TX_WERROR=ON >/dev/null
+  cmake --build build/cpu-only --target _C
 fi
 
 step "pytest"

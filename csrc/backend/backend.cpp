@@ -71,6 +71,8 @@ int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraC
 }
 
 void Backend::remove_adapter(const std::string& adapter_id) {
+  SKYRL_TX_CHECK(!busy_slots().count(registry_.slot_of(adapter_id)), Conflict, "unload_model: model '", adapter_id,
+                 "' is serving running sample requests; unload it once they finish");
   const int64_t slot = registry_.release(adapter_id);
   for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
   optimizers_.erase(adapter_id);

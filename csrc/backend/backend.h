@@ -97,7 +97,9 @@ class Backend {
   };
   int64_t resident_slot(const std::string& snapshot_id);
   sampling::Generator& generator_for(const models::CausalLM& model);
-  std::set<int64_t> busy_slots() const;  // base-model slots that queued or running samples need
+  std::set<int64_t> busy_slots() const;
+  /// The model a sample request's weights_id runs on (NotFound for unknown ids); no side effects.
+  const models::CausalLM& sampling_model(const std::string& weights_id) const;  // base-model slots that queued or running samples need
   std::map<std::string, Snapshot> snapshots_;
   uint64_t use_clock_ = 0;
   std::vector<int64_t> eos_tokens_;

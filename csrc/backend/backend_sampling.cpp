@@ -99,6 +99,12 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
   return *generator;
 }
 
+const models::CausalLM& Backend::sampling_model(const std::string& weights_id) const {
+  if (auto full = full_models_.find(weights_id); full != full_models_.end()) return *full->second;
+  if (!snapshots_.count(weights_id)) registry_.slot_of(weights_id);  // "" = base; unknown ids throw NotFound
+  return *model_;
+}
+
 int64_t Backend::submit_sample(sampling::SampleRequest request) {
   const models::CausalLM* model = model_.get();
   int64_t slot = 0;
@@ -137,6 +143,11 @@ bool Backend::sampling_idle() const {
 }
 
 std::vector<sampling::SampleResult> Backend::sample(const std::vector<sampling::SampleRequest>& requests) {
+  // Validate every request before queueing any, so a bad one never leaves orphaned work behind.
+  for (const auto& request : requests) {
+    sampling::SampleRequest copy = request;
+    generator_for(sampling_model(request.weights_id)).validate(copy);
+  }
   std::map<int64_t, size_t> index_of;
   std::vector<sampling::SampleResult> results(requests.size());
   size_t next = 0, done = 0;

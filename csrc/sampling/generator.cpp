@@ -38,7 +38,7 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
       seed_source_(at::make_generator<at::CPUGeneratorImpl>(config.seed)),
       rows_(config.max_sequences) {}
 
-int64_t Generator::submit(SampleRequest request, int64_t slot) {
+void Generator::validate(SampleRequest& request) const {
   const int64_t vocab = model_.config().vocab_size;
   request.params.validate(vocab);
   SKYRL_TX_CHECK(request.prompt.defined() && request.prompt.dim() == 1 && request.prompt.numel() >= 1, InvalidArgument,
@@ -58,6 +58,10 @@ int64_t Generator::submit(SampleRequest request, int64_t slot) {
                  "sample: topk_prompt_logprobs must be in [0, ", vocab, "] (got ", request.topk_prompt_logprobs, ")");
   SKYRL_TX_CHECK(request.params.stop_strings.empty() || token_bytes_ != nullptr, InvalidArgument,
                  "sample: stop strings need the tokenizer's token bytes, which this backend was not given");
+}
+
+int64_t Generator::submit(SampleRequest request, int64_t slot) {
+  validate(request);
   const int64_t id = next_id_++;
   Request& req = requests_[id];
   req.request = std::move(request);

@@ -32,8 +32,10 @@ class Generator {
   Generator(const models::CausalLM& model, const GeneratorConfig& config, std::vector<int64_t> eos_tokens,
             std::shared_ptr<const TokenBytes> token_bytes);
 
+  /// Throws InvalidArgument when the request is malformed or can never fit (prompt + max_tokens >
+  /// max_length, too many samples). Normalises the prompt to int64.
+  void validate(SampleRequest& request) const;
   /// Validates and queues a request whose weights live in adapter `slot` (0 = base). Returns its id.
-  /// Throws InvalidArgument when it can never fit (prompt + max_tokens > max_length, too many samples).
   int64_t submit(SampleRequest request, int64_t slot);
   /// One iteration: prefill queued requests that fit (FIFO), then one decode step of every running
   /// sequence. Returns the requests that finished, by id.

@@ -48,13 +48,19 @@ SampledTokens sample_tokens(const at::Tensor& logits, const RowSamplingParams& p
   at::Tensor mass_before = at::cumsum(probs, -1) - probs;                     // [B, V]
   at::Tensor keep = ((mass_before < top_p) & (probs > 0)) | (position == 0);  // [B, V]
   at::Tensor kept = at::where(keep, probs, at::zeros_like(probs));
-  at::Tensor cdf = at::cumsum(kept / kept.sum(-1, /*keepdim=*/true), -1);  // [B, V]
 
-  // Inverse CDF: the chosen position is the first kept one whose cumulative mass exceeds u; when rounding
-  // leaves the total just below u, the last kept position is taken.
-  at::Tensor chosen = ((cdf <= uniform) & keep).sum(-1, /*keepdim=*/true);  // [B, 1]
-  chosen = at::minimum(chosen, keep.sum(-1, /*keepdim=*/true) - 1);
-  at::Tensor sampled = sorted_ids.gather(1, chosen).squeeze(1);  // [B]
+  // Inverse CDF walked in token-id order, not probability order: two tokens whose probabilities tie in
+  // float32 may swap places in the sort under the ~1e-6 logit noise of another batch shape, and the same
+  // draw would then pick the other token. In id order a seeded draw is stable against such swaps.
+  at::Tensor kept_by_id = at::zeros_like(kept).scatter(1, sorted_ids, kept);           // [B, V]
+  at::Tensor keep_by_id = at::zeros_like(keep).scatter(1, sorted_ids, keep);           // [B, V]
+  at::Tensor cdf = at::cumsum(kept_by_id / kept_by_id.sum(-1, /*keepdim=*/true), -1);  // [B, V]
+  // The first id whose cumulative mass exceeds u (flat stretches are zero-mass ids, never chosen); when
+  // rounding leaves the total just below u, the last kept id is taken.
+  at::Tensor ids = at::arange(vocab, x.options().dtype(at::kLong)).unsqueeze(0);        // [1, V]
+  at::Tensor last_kept = at::where(keep_by_id, ids, at::zeros_like(ids)).amax(-1, /*keepdim=*/true);  // [B, 1]
+  at::Tensor chosen = at::minimum((cdf <= uniform).sum(-1, /*keepdim=*/true), last_kept);             // [B, 1]
+  at::Tensor sampled = chosen.squeeze(1);  // [B]
 
   // argmax returns the first maximal index, the same lowest-id tie-break as the sort above.
   at::Tensor tokens = at::where(greedy, x.argmax(-1), sampled);                            // [B] int64
