@@ -51,6 +51,83 @@ def generate_preset(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- skyrl-tx db: schema migrations (skyrl_tx.db.migrate) -------------------------------------------------
+
+DATABASE_URL_ENV = "SKYRL_TX_DATABASE_URL"
+
+
+def database_url_from(args: argparse.Namespace) -> str:
+    """--database-url, else $SKYRL_TX_DATABASE_URL, else SQLite in the data directory ($SKYRL_TX_DATA_DIR)."""
+    import os
+
+    if args.database_url:
+        return args.database_url
+    if os.environ.get(DATABASE_URL_ENV):
+        return os.environ[DATABASE_URL_ENV]
+    from skyrl_tx.db.session import default_database_url
+
+    return default_database_url()
+
+
+def _shown(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def db_command(args: argparse.Namespace) -> int:
+    """Runs one `db` subcommand; migration and connection failures are reported in one line, exit 2."""
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # else a line per plugin at import
+    from alembic.util import CommandError
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from skyrl_tx.db import migrate
+
+    try:
+        if args.db_command == "revision":
+            url = args.database_url or None
+            path = migrate.revision(args.message, autogenerate=args.autogenerate, url=url)
+            log.info("wrote %s: review it (autogenerate misses renames and server defaults)", path)
+            return 0
+        url = database_url_from(args)
+        if args.db_command == "upgrade":
+            migrate.upgrade(url, args.revision)
+            log.info("database %s is at revision %s", _shown(url), migrate.current(url))
+        elif args.db_command == "downgrade":
+            migrate.downgrade(url, args.revision)
+            log.info("database %s is at revision %s", _shown(url), migrate.current(url) or "base (empty)")
+        elif args.db_command == "current":
+            rev = migrate.current(url)
+            head = migrate.head()
+            print(f"{rev or 'base'}{' (head)' if rev == head else f' (head is {head})'}")
+        return 0
+    except (CommandError, ArgumentError, RuntimeError, FileNotFoundError) as exc:
+        log.error("db %s: %s", args.db_command, exc)
+    except SQLAlchemyError as exc:
+        cause = getattr(exc, "orig", None) or exc
+        log.error("db %s: database error (%s): %s", args.db_command, type(cause).__name__, str(cause).strip())
+    return 2
+
+
+def add_db_parser(sub: argparse._SubParsersAction) -> None:
+    db_parser = sub.add_parser("db", help="database schema migrations (Alembic)")
+    db_sub = db_parser.add_subparsers(dest="db_command", required=True)
+    url_help = (f"SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://user:pw@host/db); default "
+                f"${DATABASE_URL_ENV}, else sqlite in $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx")
+    upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema (or REVISION)")
+    upgrade.add_argument("revision", nargs="?", default="head")
+    downgrade = db_sub.add_parser("downgrade", help="migrate the database down to REVISION (base: drop all)")
+    downgrade.add_argument("revision")
+    current = db_sub.add_parser("current", help="print the database's revision")
+    revision = db_sub.add_parser("revision", help="write a new migration script (development)")
+    revision.add_argument("-m", "--message", required=True)
+    revision.add_argument("--autogenerate", action="store_true",
+                          help="diff the models against the database (default: a scratch SQLite at head)")
+    for p in (upgrade, downgrade, current, revision):
+        p.add_argument("--database-url", default=None, help=url_help)
+        p.set_defaults(func=db_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skyrl-tx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     preset_parser = sub.add_parser("preset", help="generate (or find) a tiny preset model; prints its directory")
     preset_parser.add_argument("name")
     preset_parser.set_defaults(func=generate_preset)
+    add_db_parser(sub)
     return parser
 
 

@@ -1,0 +1,219 @@
+"""The database schema: SQLAlchemy 2 declarative models, one class per table (`*Record`, tables plural).
+
+The schema is created and changed only by the Alembic migrations in `migrations/` (`skyrl-tx db upgrade`,
+`skyrl_tx.db.migrate.upgrade`); `metadata.create_all` is never called at runtime. After changing a model,
+add a revision: `skyrl-tx db revision -m "..." --autogenerate`, then review it.
+
+Conventions, the same on SQLite and PostgreSQL:
+* Datetimes are timezone-aware UTC (`UTCDateTime`): naive values are rejected on write, and values read
+  back always carry `tzinfo=UTC` (SQLite stores UTC text without an offset).
+* JSON columns use `sqlalchemy.JSON`. Nullable JSON columns store Python `None` as SQL NULL. In-place
+  mutation of a loaded dict/list is not tracked: assign a new value to persist a change.
+* Status and kind columns are plain strings; the valid values are the `StrEnum`s below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Stable constraint and index names on every backend, so autogenerate and batch migrations can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """`DateTime(timezone=True)` that only takes aware datetimes and always returns UTC-aware ones."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()}: pass a timezone-aware value, "
+                             "e.g. datetime.now(timezone.utc)")
+        value = value.astimezone(timezone.utc)
+        # SQLite keeps no offset: store UTC wall-clock text so ordering and comparisons stay correct.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+# JSON that may be absent: Python None is SQL NULL (not the JSON literal `null`), so `IS NULL` finds it.
+NullableJSON = JSON(none_as_null=True)
+
+
+class SessionStatus(StrEnum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+
+
+class ModelStatus(StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    UNLOADED = "unloaded"
+    FAILED = "failed"
+
+
+class FutureStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class CheckpointKind(StrEnum):
+    WEIGHTS = "weights"
+    SAMPLER_WEIGHTS = "sampler_weights"
+
+
+class CheckpointStatus(StrEnum):
+    WRITING = "writing"
+    READY = "ready"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+
+# FutureRecord.request_type values (the Tinker operations a future can carry).
+REQUEST_TYPES = frozenset({
+    "create_model", "forward", "forward_backward", "optim_step", "save_weights",
+    "save_weights_for_sampler", "load_weights", "sample", "unload_model",
+})
+
+
+def request_hash(request: Any) -> str:
+    """sha256 (hex) of a canonical JSON encoding: key order and whitespace do not change the hash.
+
+    Stored as FutureRecord.request_hash: a retried (model_id, seq_id) with the same hash is the same
+    request; a different hash is a conflict (409).
+    """
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class SessionRecord(Base):
+    """A client session (one `tinker.ServiceClient`); kept alive by heartbeats."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    sdk_version: Mapped[str | None] = mapped_column(String, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status: Mapped[str] = mapped_column(String, default=SessionStatus.ACTIVE.value)
+
+
+class ModelRecord(Base):
+    """A training client's model: a LoRA adapter (lora_rank > 0) or a full fine-tuning copy (lora_rank 0)."""
+
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    base_model: Mapped[str] = mapped_column(String)
+    lora_rank: Mapped[int] = mapped_column(Integer)
+    # {"rank", "seed", "train_attn", "train_mlp", "train_unembed", "alpha"}
+    lora_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String, default=ModelStatus.PENDING.value)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_request_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class FutureRecord(Base):
+    """One accepted request: written by the API as pending, executed once by the engine, polled by the client."""
+
+    __tablename__ = "futures"
+    __table_args__ = (
+        # A training client's seq_id is unique per model; NULL seq_ids never collide (SQL NULL semantics).
+        UniqueConstraint("model_id", "seq_id", name="uq_futures_model_seq"),
+        Index("ix_futures_status_created_at", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(String, nullable=True)
+    model_id: Mapped[str | None] = mapped_column(ForeignKey("models.id"), nullable=True)
+    request_type: Mapped[str] = mapped_column(String)  # one of REQUEST_TYPES
+    seq_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the parsed request
+    request_hash: Mapped[str] = mapped_column(String(64))  # request_hash(request)
+    status: Mapped[str] = mapped_column(String, default=FutureStatus.PENDING.value)
+    result: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
+    # {"category": "user" | "server", "message": str, "code": str}
+    error: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class CheckpointRecord(Base):
+    """Saved weights of a model; listed to clients only once status is "ready" (completely written)."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("model_id", "kind", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"))
+    kind: Mapped[str] = mapped_column(String)  # CheckpointKind
+    name: Mapped[str] = mapped_column(String)
+    tinker_path: Mapped[str] = mapped_column(String, unique=True)  # tinker://<model_id>/<kind path>/<name>
+    storage_uri: Mapped[str] = mapped_column(String)  # where the files are (file:// or s3://)
+    status: Mapped[str] = mapped_column(String, default=CheckpointStatus.WRITING.value)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class SamplingSessionRecord(Base):
+    """A sampling client, bound for its whole life to one set of weights (base, checkpoint or snapshot)."""
+
+    __tablename__ = "sampling_sessions"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    base_model: Mapped[str] = mapped_column(String)
+    model_path: Mapped[str | None] = mapped_column(String, nullable=True)  # tinker:// path it samples from
+    model_id: Mapped[str | None] = mapped_column(String, nullable=True)
+    snapshot_id: Mapped[str | None] = mapped_column(String, nullable=True)  # backend snapshot it is bound to
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
