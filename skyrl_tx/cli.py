@@ -17,25 +17,45 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-model", required=True,
                         help="a tiny preset (tiny-qwen3, tiny-qwen3-tied, tiny-llama3), a local Hugging Face "
                              "model directory, or a hub id already in the HF cache")
+    parser.add_argument("--model-alias", action="append", default=[], metavar="NAME",
+                        help="another name clients may use for the base model (e.g. Qwen/Qwen3-8B); repeatable")
     parser.add_argument("--backend-config", default=None,
                         help=f"JSON object; keys: {', '.join(BackendSettings.valid_keys())}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--database-url", default=None,
+                        help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx)")
 
 
 def serve(args: argparse.Namespace) -> int:
-    from skyrl_tx.backend.native import NativeBackend
+    import uvicorn
 
-    settings = BackendSettings.from_json(args.backend_config)
-    started = time.perf_counter()
-    log.info("loading base model %s (dtype=%s, device=%s)", args.base_model, settings.dtype, settings.device)
-    backend = NativeBackend.from_name(args.base_model, settings)
-    cfg = backend.decoder_config
-    log.info("model loaded: %s from %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
-             backend.model_dir, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
-    log.info("ready: core loaded with %d LoRA slots (max rank %d)", settings.max_lora_adapters, settings.max_lora_rank)
-    # NOTE: the HTTP API (issue 5) is not built yet; until then serving stops after the readiness check.
-    log.info("the Tinker HTTP API is not implemented yet; would listen on http://%s:%d", args.host, args.port)
+    from skyrl_tx.api.app import create_app
+    from skyrl_tx.config import ServerSettings
+    from skyrl_tx.models.checkpoint import resolve_model_path
+    from skyrl_tx.models.hf_config import load_decoder_config
+
+    backend_settings = BackendSettings.from_json(args.backend_config)
+    settings = ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
+                              port=args.port, database_url=args.database_url, backend=backend_settings)
+    model_dir = resolve_model_path(args.base_model)
+    architecture = load_decoder_config(model_dir).architecture
+
+    def load_backend():
+        from skyrl_tx.backend.native import NativeBackend
+
+        started = time.perf_counter()
+        log.info("loading base model %s from %s (dtype=%s, device=%s)", args.base_model, model_dir,
+                 backend_settings.dtype, backend_settings.device)
+        backend = NativeBackend(model_dir, backend_settings)
+        cfg = backend.decoder_config
+        log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
+                 cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
+        return backend
+
+    app = create_app(settings, load_backend, model_dir, architecture)
+    log.info("listening on http://%s:%d", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

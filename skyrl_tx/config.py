@@ -75,3 +75,20 @@ class BackendSettings:
             raise InvalidArgumentError(f"--backend-config: dtype must be 'float32' or 'bfloat16' (got {self.dtype!r})")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise InvalidArgumentError(f"--backend-config: device must be 'cpu', 'cuda' or 'cuda:N' (got {self.device!r})")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the API server needs, built once by the CLI (or a test) and passed down."""
+
+    base_model: str  # what clients name in create_model / create_sampling_session
+    model_aliases: tuple[str, ...] = ()  # further names clients may use for the same base model
+    host: str = "127.0.0.1"
+    port: int = 8000
+    database_url: str | None = None  # default: SQLite under the data directory
+    backend: BackendSettings = BackendSettings()
+    max_request_bytes: int = 256 * 1024 * 1024  # larger bodies get 413
+    long_poll_s: float = 25.0  # retrieve_future waits this long before answering try_again
+
+    def serves(self, name: str) -> bool:
+        return name == self.base_model or name in self.model_aliases

@@ -1,0 +1,67 @@
+"""create_app: the FastAPI application (routes, error handlers) and its lifespan (database, engine thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from skyrl_tx.api.errors import error_response, install_error_handlers
+from skyrl_tx.api.routes import futures, sampling, service, training
+from skyrl_tx.api.waiters import FutureWaiters
+from skyrl_tx.config import ServerSettings
+from skyrl_tx.db import migrate
+from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
+from skyrl_tx.engine.runner import EngineRunner
+
+log = logging.getLogger("skyrl_tx.api")
+
+
+def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], model_dir: Path,
+               architecture: str) -> FastAPI:
+    """backend_factory builds the C++-backed backend inside the engine thread (the API never imports _C)."""
+    database_url = settings.database_url or default_database_url()
+    migrate.upgrade(database_url)  # migrations are the only way the schema is created
+    engine = make_engine(database_url)
+    session_factory = make_session_factory(engine)
+    waiters = FutureWaiters()
+    runner = EngineRunner(backend_factory, session_factory, on_finished=waiters.notify_threadsafe)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        waiters.bind(asyncio.get_running_loop())
+        runner.start()
+        await asyncio.to_thread(runner.ready.wait)
+        if runner.failed is not None:
+            raise RuntimeError(f"the engine could not load the base model: {runner.failed}")
+        log.info("engine ready: serving %s", ", ".join([settings.base_model, *settings.model_aliases]))
+        yield
+        runner.stop()
+        engine.dispose()
+
+    app = FastAPI(title="skyrl_tx", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.session_factory = session_factory
+    app.state.waiters = waiters
+    app.state.wake_engine = runner.wake
+    app.state.model_dir = model_dir
+    app.state.architecture = architecture
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def limit_body_size(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
+            return error_response(413, "invalid_argument", f"request body of {length} bytes exceeds the limit of "
+                                  f"{settings.max_request_bytes}; send fewer datums per call")
+        return await call_next(request)
+
+    for router in (service.router, training.router, sampling.router, futures.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,72 @@
+"""retrieve_future: long-polls a future; results as protobuf where the SDK asks for it, else JSON."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from skyrl_tx.api.protobuf_codec import encode_forward_backward_output, encode_sample_response
+from skyrl_tx.db.models import FutureRecord, FutureStatus
+from skyrl_tx.errors import NotFoundError
+
+router = APIRouter(prefix="/api/v1")
+PROTOBUF = "application/x-protobuf"
+
+
+class RetrieveFutureRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    request_id: str
+    allow_metadata_only: bool = False
+
+
+def _load(request: Request, future_id: str) -> FutureRecord | None:
+    with request.app.state.session_factory() as db:
+        future = db.get(FutureRecord, future_id)
+        if future is not None:
+            db.expunge(future)
+        return future
+
+
+def _render(future: FutureRecord, accept: str) -> Response:
+    if future.status == FutureStatus.FAILED.value:
+        error = future.error or {}
+        return JSONResponse({"error": error.get("message", "request failed"), "category": error.get("category", "server")})
+    result: Any = future.result
+    wants_proto = PROTOBUF in accept
+    if future.request_type in ("forward", "forward_backward"):
+        if wants_proto:
+            body = encode_forward_backward_output(result["loss_fn_outputs"], result["metrics"])
+            return Response(body, media_type=PROTOBUF)
+        outputs = [{k: {"data": v, "dtype": "float32", "shape": [len(v)]} for k, v in out.items()}
+                   for out in result["loss_fn_outputs"]]
+        return JSONResponse({"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs,
+                             "metrics": result["metrics"]})
+    if future.request_type == "sample" and wants_proto:
+        body = encode_sample_response(result["sequences"], result.get("prompt_logprobs"),
+                                      result.get("topk_prompt_logprobs"))
+        return Response(body, media_type=PROTOBUF)
+    return JSONResponse(result)
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Response:
+    waiters = request.app.state.waiters
+    settings = request.app.state.settings
+    event = waiters.register(body.request_id)  # before reading, so a result written meanwhile is not missed
+    try:
+        future = await asyncio.to_thread(_load, request, body.request_id)
+        if future is None:
+            raise NotFoundError(f"retrieve_future: request {body.request_id!r} not found")
+        if future.status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+            try:
+                await asyncio.wait_for(event.wait(), timeout=settings.long_poll_s)
+            except TimeoutError:
+                return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+            future = await asyncio.to_thread(_load, request, body.request_id)
+        return _render(future, request.headers.get("accept", ""))
+    finally:
+        waiters.unregister(body.request_id, event)

@@ -1,0 +1,136 @@
+"""Sampling endpoints: save_weights_for_sampler, create_sampling_session, samplers/{id}, asample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.db.models import FutureRecord, SamplingSessionRecord, SessionRecord
+from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+
+router = APIRouter(prefix="/api/v1")
+
+
+class SaveForSamplerRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_id: str
+    seq_id: int
+    path: str | None = None
+    sampling_session_seq_id: int | None = None
+    kind: str = "snapshot"
+
+
+class CreateSamplingSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str
+    sampling_session_seq_id: int
+    base_model: str | None = None
+    model_path: str | None = None
+
+
+class SamplingParamsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | list[int] | None = None
+
+
+class Chunk(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "encoded_text"
+    tokens: list[int] = Field(default_factory=list)
+
+
+class ModelInputBody(BaseModel):
+    chunks: list[Chunk]
+
+
+class SampleBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    sampling_session_id: str
+    seq_id: int
+    num_samples: int = 1
+    prompt: ModelInputBody
+    sampling_params: SamplingParamsBody = Field(default_factory=SamplingParamsBody)
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    prompt_alt_tokens_k: int = 0
+
+
+@router.post("/save_weights_for_sampler")
+def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep) -> dict[str, str]:
+    model = require_model(db, body.model_id)
+    job: dict[str, Any] = {"model_id": body.model_id}
+    if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
+        job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
+    elif body.path:
+        if "/" in body.path or not body.path.strip():
+            raise InvalidArgumentError(f"save_weights_for_sampler: name {body.path!r} must be non-empty, without '/'")
+        job["path"] = f"tinker://{body.model_id}/sampler_weights/{body.path}"
+    else:
+        raise InvalidArgumentError("save_weights_for_sampler: give a name (path) or a sampling_session_seq_id")
+    future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
+                              request_type="save_weights_for_sampler", body=job, model_id=body.model_id,
+                              seq_id=body.seq_id)
+    return {"request_id": future_id, "model_id": body.model_id}
+
+
+@router.post("/create_sampling_session")
+def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, settings: SettingsDep) -> dict[str, str]:
+    if db.get(SessionRecord, body.session_id) is None:
+        raise NotFoundError(f"create_sampling_session: session {body.session_id!r} not found")
+    sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
+    if db.get(SamplingSessionRecord, sampler_id) is not None:  # a retry
+        return {"sampling_session_id": sampler_id}
+    snapshot_id, model_id, base_model = None, None, body.base_model or settings.base_model
+    if body.model_path:
+        save = db.query(FutureRecord).filter(FutureRecord.request_type == "save_weights_for_sampler",
+                                             FutureRecord.status == "completed").all()
+        match = next((f for f in save if (f.result or {}).get("path") == body.model_path), None)
+        if match is None:
+            raise NotFoundError(f"create_sampling_session: model_path {body.model_path!r} is not a sampler checkpoint "
+                                "saved on this server (save_weights_for_sampler with a name first)")
+        snapshot_id, model_id = body.model_path, match.model_id
+    elif not settings.serves(base_model):
+        raise InvalidArgumentError(f"create_sampling_session: base_model {base_model!r} is not served here")
+    db.add(SamplingSessionRecord(id=sampler_id, session_id=body.session_id, base_model=base_model,
+                                 model_path=body.model_path, model_id=model_id, snapshot_id=snapshot_id))
+    db.commit()
+    return {"sampling_session_id": sampler_id}
+
+
+@router.get("/samplers/{sampler_id:path}")
+def get_sampler(sampler_id: str, db: DbDep) -> dict[str, Any]:
+    sampler = db.get(SamplingSessionRecord, sampler_id)
+    if sampler is None:
+        raise NotFoundError(f"sampler {sampler_id!r} not found")
+    return {"sampler_id": sampler.id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+
+
+@router.post("/asample")
+def asample(body: SampleBody, request: Request, db: DbDep) -> dict[str, Any]:
+    sampler = db.get(SamplingSessionRecord, body.sampling_session_id)
+    if sampler is None:
+        raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a sampling "
+                            "client first")
+    if any(c.type != "encoded_text" for c in body.prompt.chunks):
+        raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
+    if body.topk_sample_logprobs or body.prompt_alt_tokens_k:
+        raise InvalidArgumentError("asample: topk_sample_logprobs and prompt_alt_tokens_k are not supported yet")
+    stop = body.sampling_params.stop
+    params = body.sampling_params.model_dump()
+    params["stop"] = [stop] if isinstance(stop, str) else stop
+    job = {"weights_id": sampler.snapshot_id or "", "prompt_tokens": [t for c in body.prompt.chunks for t in c.tokens],
+           "num_samples": body.num_samples, "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
+           "topk_prompt_logprobs": body.topk_prompt_logprobs}
+    future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
+                              request_type="sample", body=job, session_id=sampler.session_id)
+    return {"request_id": future_id, "sample_sequence_ids": [f"{future_id}:{i}" for i in range(body.num_samples)]}

@@ -1,0 +1,87 @@
+"""Service endpoints: client config, sessions and heartbeats, telemetry, capabilities, health."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.db.models import SessionRecord, SessionStatus
+from skyrl_tx.errors import NotFoundError
+
+router = APIRouter(prefix="/api/v1")
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tags: list[str] = Field(default_factory=list)
+    user_metadata: dict[str, Any] = Field(default_factory=dict)
+    sdk_version: str | None = None
+
+
+class SessionRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str
+
+
+@router.post("/client/config")
+def client_config() -> dict[str, Any]:
+    # zstd-compressed protobuf forward_backward bodies; the optional newer features stay off.
+    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": False,
+            "custom_loss_server_side": False, "sample_join_sampling_session": False}
+
+
+@router.post("/client/dynamic_config")
+def dynamic_config() -> dict[str, Any]:
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
+@router.post("/create_session")
+def create_session(body: CreateSessionRequest, db: DbDep) -> dict[str, str]:
+    # Session ids appear inside model ids ("<session>:train:<n>") and URLs: no ':' and no '/'.
+    session_id = uuid.uuid4().hex
+    db.add(SessionRecord(id=session_id, tags=body.tags, user_metadata=body.user_metadata,
+                         sdk_version=body.sdk_version))
+    db.commit()
+    return {"session_id": session_id}
+
+
+def _session(db: DbDep, session_id: str) -> SessionRecord:
+    session = db.get(SessionRecord, session_id)
+    if session is None:
+        raise NotFoundError(f"session {session_id!r} not found; create one with create_session")
+    return session
+
+
+@router.post("/session_heartbeat")
+def session_heartbeat(body: SessionRef, db: DbDep) -> dict[str, Any]:
+    _session(db, body.session_id).last_heartbeat_at = datetime.now(timezone.utc)
+    db.commit()
+    return {}
+
+
+@router.post("/sessions/{session_id}/finish", status_code=204)
+def finish_session(session_id: str, db: DbDep) -> Response:
+    _session(db, session_id).status = SessionStatus.EXPIRED.value
+    db.commit()
+    return Response(status_code=204)
+
+
+@router.post("/telemetry")
+def telemetry() -> dict[str, str]:
+    return {"status": "accepted"}
+
+
+@router.get("/get_server_capabilities")
+def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
+    names = [settings.base_model, *settings.model_aliases]
+    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}

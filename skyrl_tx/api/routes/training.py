@@ -1,0 +1,135 @@
+"""Training endpoints: create_model, get_info, forward / forward_backward, optim_step, unload_model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.protobuf_codec import decode_forward_backward_request
+from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.db.models import ModelRecord, SessionRecord
+from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+from skyrl_tx.types import LOSS_FUNCTIONS
+
+router = APIRouter(prefix="/api/v1")
+
+
+class LoraConfigBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rank: int = 32
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class CreateModelRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str
+    model_seq_id: int = 0
+    base_model: str
+    lora_config: LoraConfigBody = Field(default_factory=LoraConfigBody)
+    optimizer_config: dict[str, Any] | None = None
+    user_metadata: dict[str, Any] | None = None
+
+
+class ModelRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_id: str
+
+
+class AdamParamsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+class OptimStepRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_id: str
+    seq_id: int
+    adam_params: AdamParamsBody | None = None
+    optimizer_params: dict[str, Any] | None = None
+
+
+@router.post("/create_model")
+def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
+    if db.get(SessionRecord, body.session_id) is None:
+        raise NotFoundError(f"create_model: session {body.session_id!r} not found; create a session first")
+    if not settings.serves(body.base_model):
+        served = ", ".join([settings.base_model, *settings.model_aliases])
+        raise InvalidArgumentError(f"create_model: base_model {body.base_model!r} is not served here (serving: "
+                                   f"{served}); start the server with --base-model or --model-alias for it")
+    rank, max_rank = body.lora_config.rank, settings.backend.max_lora_rank
+    if rank < 0 or rank > max_rank:
+        raise InvalidArgumentError(f"create_model: lora rank {rank} is outside [0, {max_rank}] (0 = full fine-tuning); "
+                                   "restart the server with a larger max_lora_rank in --backend-config")
+    optimizer = (body.optimizer_config or {}).get("type", "adamw")
+    if optimizer != "adamw":
+        raise InvalidArgumentError(f"create_model: optimizer_config type {optimizer!r} is not supported; use adamw")
+    model_id = f"{body.session_id}:train:{body.model_seq_id}"  # the SDK derives ids of this shape itself
+    lora = body.lora_config.model_dump()
+    record = None if db.get(ModelRecord, model_id) else ModelRecord(
+        id=model_id, session_id=body.session_id, base_model=body.base_model, lora_rank=rank, lora_config=lora,
+        user_metadata=body.user_metadata or {})
+    job = {"model_id": model_id, "lora_rank": rank, **{k: v for k, v in lora.items() if k != "rank"}}
+    future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=job,
+                              session_id=body.session_id, extra_rows=(record,) if record else ())
+    return {"request_id": future_id, "model_id": model_id}
+
+
+@router.post("/get_info")
+def get_info(body: ModelRef, request: Request, db: DbDep) -> dict[str, Any]:
+    model = require_model(db, body.model_id)
+    model_data = {"arch": request.app.state.architecture, "model_name": model.base_model,
+                  "tokenizer_id": str(request.app.state.model_dir)}
+    return {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
+            "lora_rank": model.lora_rank or None, "model_name": model.base_model,
+            "optimizer_config": {"type": "adamw"}}
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, db: DbDep) -> dict[str, str]:
+    raw = await request.body()
+    try:
+        decoded = decode_forward_backward_request(raw, request.headers.get("content-encoding"))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}") from exc
+    model_id, seq_id = decoded["model_id"], decoded["seq_id"]
+    require_model(db, model_id)
+    if decoded["loss_fn"] not in LOSS_FUNCTIONS:
+        raise InvalidArgumentError(f"forward_backward: loss_fn {decoded['loss_fn']!r} is not supported; use one of "
+                                   f"{', '.join(LOSS_FUNCTIONS)}")
+    kind = "forward" if decoded["forward_only"] else "forward_backward"
+    job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
+           "data": decoded["data"]}
+    future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
+                              model_id=model_id, seq_id=seq_id)
+    return {"request_id": future_id, "model_id": model_id}
+
+
+@router.post("/optim_step")
+def optim_step(body: OptimStepRequest, request: Request, db: DbDep) -> dict[str, str]:
+    require_model(db, body.model_id)
+    if body.adam_params is None:
+        kind = (body.optimizer_params or {}).get("type", "unknown")
+        raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params (AdamW)")
+    job = {"model_id": body.model_id, "adam_params": body.adam_params.model_dump()}
+    future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="optim_step",
+                              body=job, model_id=body.model_id, seq_id=body.seq_id)
+    return {"request_id": future_id, "model_id": body.model_id}
+
+
+@router.post("/unload_model")
+def unload_model(body: ModelRef, request: Request, db: DbDep) -> dict[str, str]:
+    require_model(db, body.model_id)
+    future_id = submit_future(request, db, future_id=f"{body.model_id}:unload", request_type="unload_model",
+                              body={"model_id": body.model_id}, model_id=body.model_id)
+    return {"request_id": future_id, "model_id": body.model_id}

@@ -1,0 +1,181 @@
+"""EngineLoop: one step = claim pending futures → batch per model in seq_id order → run on the backend → store."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord
+from skyrl_tx.engine import executor
+from skyrl_tx.errors import SkyrlTxError, UnimplementedError
+
+log = logging.getLogger("skyrl_tx.engine")
+
+# Requests that run only after every earlier request of their model, and alone.
+TRAIN_TYPES = ("forward_backward", "forward")
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, SkyrlTxError):
+        return {"category": exc.category, "message": exc.message, "code": exc.code.value}
+    return {"category": "server", "message": f"internal error: {type(exc).__name__}", "code": "internal"}
+
+
+class EngineLoop:
+    """Single owner of the backend. `notify(ids)` is told which futures just finished."""
+
+    def __init__(self, backend: Any, session_factory: sessionmaker[Session],
+                 notify: Callable[[Iterable[str]], None] = lambda ids: None):
+        self.backend = backend
+        self.sessions = session_factory
+        self.notify = notify
+        self._sampling: dict[int, str] = {}  # backend sample id → future id
+
+    def recover(self) -> None:
+        """At start: a future left 'running' by a dead loop may or may not have run; fail it rather than
+        risk running it twice. Sampling futures have no side effects, so those simply run again."""
+        interrupted = {"category": "server", "code": "internal",
+                       "message": "the engine stopped while running this request; retry it"}
+        with self.sessions.begin() as db:
+            for f in db.scalars(select(FutureRecord).where(FutureRecord.status == FutureStatus.RUNNING.value)):
+                if f.request_type == "sample":
+                    f.status = FutureStatus.PENDING.value
+                else:
+                    f.status, f.error = FutureStatus.FAILED.value, interrupted
+                    f.completed_at = datetime.now(timezone.utc)
+
+    def step(self) -> bool:
+        """Runs what is runnable now; returns whether anything happened."""
+        with self.sessions() as db:
+            pending = list(db.scalars(select(FutureRecord).where(FutureRecord.status == FutureStatus.PENDING.value)
+                                      .order_by(FutureRecord.created_at)))
+            db.expunge_all()
+        did_work = bool(pending)
+        by_model: dict[str, list[FutureRecord]] = defaultdict(list)
+        for f in pending:
+            if f.request_type == "create_model":
+                self._run_single(f, self._create_model)
+            elif f.request_type == "sample":
+                self._submit_sample(f)
+            else:
+                by_model[f.model_id or ""].append(f)
+        for queue in by_model.values():
+            queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
+        self._run_training(by_model)
+        for queue in by_model.values():
+            barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
+            if barrier is not None and queue[0] is barrier:
+                self._run_single(barrier, self._barrier)
+        return self._advance_sampling() or did_work
+
+    # ---- training ------------------------------------------------------------------------------
+    def _run_training(self, by_model: dict[str, list[FutureRecord]]) -> None:
+        """The leading forward/forward_backward requests of every model run as one batched pass each."""
+        batch: dict[str, list[FutureRecord]] = {"forward_backward": [], "forward": []}
+        for queue in by_model.values():
+            while queue and queue[0].request_type in TRAIN_TYPES:
+                f = queue.pop(0)
+                batch[f.request_type].append(f)
+        for kind, futures in batch.items():
+            if not futures:
+                continue
+            self._mark_running(futures)
+            run = self.backend.forward_backward if kind == "forward_backward" else self.backend.forward
+            try:
+                results = run([executor.train_request(f.request) for f in futures])
+            except Exception:  # noqa: BLE001 - the backend validates everything before computing anything,
+                # so a failed batch changed nothing: rerun one by one to pin the error on its request.
+                for f in futures:
+                    self._run_single(f, lambda r: executor.train_result(run([executor.train_request(r.request)])[0]),
+                                     already_running=True)
+                continue
+            for f, result in zip(futures, results):
+                self._finish(f, result=executor.train_result(result))
+
+    def _barrier(self, f: FutureRecord) -> dict[str, Any]:
+        request = f.request
+        if f.request_type == "optim_step":
+            return {"metrics": self.backend.optim_step(request["model_id"], executor.adam_params(request))}
+        if f.request_type == "save_weights_for_sampler":
+            return self._save_for_sampler(f)
+        if f.request_type == "unload_model":
+            self.backend.remove_model(request["model_id"])
+            with self.sessions.begin() as db:
+                db.get(ModelRecord, request["model_id"]).status = ModelStatus.UNLOADED.value
+            return {"model_id": request["model_id"]}
+        raise UnimplementedError(f"{f.request_type}: not supported by this server yet")
+
+    def _save_for_sampler(self, f: FutureRecord) -> dict[str, Any]:
+        request = f.request
+        snapshot_id = request.get("sampling_session_id") or request["path"]
+        self.backend.snapshot(request["model_id"], snapshot_id)
+        if request.get("sampling_session_id"):
+            with self.sessions.begin() as db:
+                model = db.get(ModelRecord, request["model_id"])
+                db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
+                                             model_id=model.id, snapshot_id=snapshot_id))
+            return {"sampling_session_id": snapshot_id}
+        return {"path": request["path"]}
+
+    def _create_model(self, f: FutureRecord) -> dict[str, Any]:
+        r = f.request
+        self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA,
+                                  seed=r.get("seed") or 0, train_attn=r["train_attn"], train_mlp=r["train_mlp"],
+                                  train_unembed=r["train_unembed"])
+        with self.sessions.begin() as db:
+            db.get(ModelRecord, r["model_id"]).status = ModelStatus.READY.value
+        return {"model_id": r["model_id"]}
+
+    # ---- sampling ------------------------------------------------------------------------------
+    def _submit_sample(self, f: FutureRecord) -> None:
+        self._mark_running([f])
+        try:
+            self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f.id
+        except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
+            self._finish(f, error=_error(exc))
+
+    def _advance_sampling(self) -> bool:
+        if not self._sampling:
+            return False
+        for backend_id, result in self.backend.sample_step():
+            future_id = self._sampling.pop(backend_id, None)
+            if future_id is not None:
+                with self.sessions() as db:
+                    f = db.get(FutureRecord, future_id)
+                    db.expunge_all()
+                self._finish(f, result=executor.sample_result(result))
+        return True
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _run_single(self, f: FutureRecord, fn: Callable[[FutureRecord], dict[str, Any]],
+                    already_running: bool = False) -> None:
+        if not already_running:
+            self._mark_running([f])
+        try:
+            result = fn(f)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
+            if not isinstance(exc, SkyrlTxError):
+                log.exception("request %s (%s) failed", f.id, f.request_type)
+            self._finish(f, error=_error(exc))
+            return
+        self._finish(f, result=result)
+
+    def _mark_running(self, futures: list[FutureRecord]) -> None:
+        now = datetime.now(timezone.utc)
+        with self.sessions.begin() as db:
+            for f in futures:
+                row = db.get(FutureRecord, f.id)
+                row.status, row.started_at, row.attempts = FutureStatus.RUNNING.value, now, row.attempts + 1
+
+    def _finish(self, f: FutureRecord, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
+        with self.sessions.begin() as db:
+            row = db.get(FutureRecord, f.id)
+            row.status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
+            row.result, row.error, row.completed_at = result, error, datetime.now(timezone.utc)
+        self.notify([f.id])
