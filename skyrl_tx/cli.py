@@ -23,6 +23,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"JSON object; keys: {', '.join(BackendSettings.valid_keys())}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--session-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="unload the models of a session that sent no heartbeat for this long (default 300)")
     parser.add_argument("--database-url", default=None,
                         help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx)")
 
@@ -37,7 +39,8 @@ def serve(args: argparse.Namespace) -> int:
 
     backend_settings = BackendSettings.from_json(args.backend_config)
     settings = ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
-                              port=args.port, database_url=args.database_url, backend=backend_settings)
+                              port=args.port, database_url=args.database_url, backend=backend_settings,
+                              session_timeout_s=args.session_timeout)
     model_dir = resolve_model_path(args.base_model)
     architecture = load_decoder_config(model_dir).architecture
 

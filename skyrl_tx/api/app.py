@@ -31,7 +31,8 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
     engine = make_engine(database_url)
     session_factory = make_session_factory(engine)
     waiters = FutureWaiters()
-    runner = EngineRunner(backend_factory, session_factory, on_finished=waiters.notify_threadsafe)
+    runner = EngineRunner(backend_factory, session_factory, on_finished=waiters.notify_threadsafe,
+                          session_timeout_s=settings.session_timeout_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord
+from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
+                                SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor
-from skyrl_tx.errors import SkyrlTxError, UnimplementedError
+from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -31,11 +32,40 @@ class EngineLoop:
     """Single owner of the backend. `notify(ids)` is told which futures just finished."""
 
     def __init__(self, backend: Any, session_factory: sessionmaker[Session],
-                 notify: Callable[[Iterable[str]], None] = lambda ids: None):
+                 notify: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
         self.backend = backend
         self.sessions = session_factory
         self.notify = notify
+        self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, str] = {}  # backend sample id → future id
+
+    def expire_sessions(self) -> list[str]:
+        """Sessions silent past the timeout lose their models, so their adapter slots can be reused.
+        Returns the unloaded model ids. A model still serving samples is retried on the next sweep."""
+        cutoff = datetime.now(timezone.utc).timestamp() - self.session_timeout_s
+        unloaded = []
+        with self.sessions.begin() as db:
+            for session in db.scalars(select(SessionRecord).where(SessionRecord.status == SessionStatus.ACTIVE.value)):
+                if session.last_heartbeat_at.timestamp() >= cutoff:
+                    continue
+                models = db.scalars(select(ModelRecord).where(ModelRecord.session_id == session.id,
+                                                             ModelRecord.status == ModelStatus.READY.value))
+                busy = False
+                for model in models:
+                    try:
+                        self.backend.remove_model(model.id)
+                    except ConflictError:  # still serving samples: unload on a later sweep
+                        busy = True
+                        continue
+                    except NotFoundError:  # never made it into the backend
+                        pass
+                    model.status = ModelStatus.UNLOADED.value
+                    unloaded.append(model.id)
+                if not busy:
+                    session.status = SessionStatus.EXPIRED.value
+        for model_id in unloaded:
+            log.info("session timeout: unloaded model %s", model_id)
+        return unloaded
 
     def recover(self) -> None:
         """At start: a future left 'running' by a dead loop may or may not have run; fail it rather than

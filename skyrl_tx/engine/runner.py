@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,16 +15,18 @@ from skyrl_tx.engine.loop import EngineLoop
 log = logging.getLogger("skyrl_tx.engine")
 
 IDLE_WAIT_S = 0.05  # upper bound on pick-up latency if a wake-up is ever missed; wake() is the hot path
+SWEEP_EVERY_S = 5.0  # how often silent sessions are looked for
 
 
 class EngineRunner:
     """Owns the backend (built in the engine thread, so only that thread ever touches it)."""
 
     def __init__(self, backend_factory: Callable[[], Any], session_factory: sessionmaker[Session],
-                 on_finished: Callable[[Iterable[str]], None] = lambda ids: None):
+                 on_finished: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
         self._backend_factory = backend_factory
         self._sessions = session_factory
         self._on_finished = on_finished
+        self._session_timeout_s = session_timeout_s
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.ready = threading.Event()
@@ -50,11 +53,15 @@ class EngineRunner:
             log.exception("engine: loading the backend failed")
             self.ready.set()
             return
-        loop = EngineLoop(backend, self._sessions, notify=self._on_finished)
+        loop = EngineLoop(backend, self._sessions, notify=self._on_finished, session_timeout_s=self._session_timeout_s)
         loop.recover()
         self.ready.set()
+        next_sweep = time.monotonic() + SWEEP_EVERY_S
         while not self._stop.is_set():
             try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + SWEEP_EVERY_S
+                    loop.expire_sessions()
                 worked = loop.step()
             except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
                 log.exception("engine step failed; continuing")

@@ -1,0 +1,109 @@
+"""EngineLoop on the real core and a real SQLite database: batching across models, ordering, expiry, recovery."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select
+
+from skyrl_tx.backend.native import NativeBackend
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.db import migrate
+from skyrl_tx.db.models import FutureRecord, ModelRecord, SessionRecord, request_hash
+from skyrl_tx.db.session import make_engine, make_session_factory
+from skyrl_tx.engine.loop import EngineLoop
+
+DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
+    "target_tokens": {"dtype": "int64", "shape": [4], "values": [6, 7, 8, 9]},
+    "weights": {"dtype": "float32", "shape": [4], "values": [1.0, 1.0, 1.0, 1.0]}}}
+
+
+@pytest.fixture()
+def loop(tmp_path, tiny_model_dir) -> EngineLoop:
+    url = f"sqlite:///{tmp_path / 'engine.db'}"
+    migrate.upgrade(url)
+    backend = NativeBackend(tiny_model_dir("tiny-qwen3"), BackendSettings(max_lora_adapters=2))
+    return EngineLoop(backend, make_session_factory(make_engine(url)), session_timeout_s=60)
+
+
+def add(loop: EngineLoop, *rows) -> None:
+    with loop.sessions.begin() as db:
+        db.add_all(rows)
+
+
+def future(fid: str, kind: str, body: dict, model_id: str | None = None, seq_id: int | None = None) -> FutureRecord:
+    return FutureRecord(id=fid, request_type=kind, request=body, request_hash=request_hash(body), model_id=model_id,
+                        seq_id=seq_id)
+
+
+def create(loop: EngineLoop, session: str, model_id: str, heartbeat: datetime | None = None) -> None:
+    add(loop, SessionRecord(id=session, last_heartbeat_at=heartbeat or datetime.now(timezone.utc)))
+    add(loop, ModelRecord(id=model_id, session_id=session, base_model="tiny-qwen3", lora_rank=4),
+        future(f"{model_id}:create", "create_model", {"model_id": model_id, "lora_rank": 4, "seed": 1,
+                                                      "train_attn": True, "train_mlp": True, "train_unembed": True}))
+    loop.step()
+
+
+def results(loop: EngineLoop) -> dict[str, FutureRecord]:
+    with loop.sessions() as db:
+        return {f.id: f for f in db.scalars(select(FutureRecord))}
+
+
+def test_requests_of_two_models_run_in_seq_order_with_barriers(loop: EngineLoop) -> None:
+    create(loop, "s", "s:train:0")
+    fb = {"model_id": "s:train:0", "loss_fn": "cross_entropy", "loss_fn_config": {}, "data": [DATUM]}
+    # Stored out of order: seq 3 (forward_backward after the step) before seq 1 and the step (seq 2).
+    add(loop, future("s:train:0:3", "forward_backward", fb, "s:train:0", 3),
+        future("s:train:0:2", "optim_step", {"model_id": "s:train:0", "adam_params": {"learning_rate": 0.05}},
+               "s:train:0", 2),
+        future("s:train:0:1", "forward_backward", fb, "s:train:0", 1))
+    for _ in range(4):
+        loop.step()
+    done = results(loop)
+    assert all(done[f"s:train:0:{i}"].status == "completed" for i in (1, 2, 3))
+    first, after = done["s:train:0:1"].result, done["s:train:0:3"].result
+    # seq 3 saw the weights after the optim step of seq 2, so its loss is lower than seq 1's.
+    assert after["metrics"]["loss:sum"] < first["metrics"]["loss:sum"]
+
+
+def test_bad_request_in_a_batch_fails_alone_with_a_user_error(loop: EngineLoop) -> None:
+    create(loop, "s", "s:train:0")
+    good = {"model_id": "s:train:0", "loss_fn": "cross_entropy", "loss_fn_config": {}, "data": [DATUM]}
+    bad = {**good, "loss_fn_config": {"beta": 1.0}}
+    add(loop, future("s:train:0:1", "forward_backward", good, "s:train:0", 1),
+        future("s:train:0:2", "forward_backward", bad, "s:train:0", 2))
+    loop.step()
+    done = results(loop)
+    assert done["s:train:0:1"].status == "completed"
+    assert done["s:train:0:2"].status == "failed"
+    assert done["s:train:0:2"].error["category"] == "user" and "beta" in done["s:train:0:2"].error["message"]
+
+
+def test_silent_session_loses_its_models_and_frees_the_slot(loop: EngineLoop) -> None:
+    stale = datetime.now(timezone.utc) - timedelta(seconds=120)
+    create(loop, "old", "old:train:0", heartbeat=stale)
+    create(loop, "new", "new:train:0")
+    assert loop.expire_sessions() == ["old:train:0"]
+    with loop.sessions() as db:
+        assert db.get(ModelRecord, "old:train:0").status == "unloaded"
+        assert db.get(SessionRecord, "old").status == "expired"
+        assert db.get(ModelRecord, "new:train:0").status == "ready"
+    loop.backend.create_model("reuses-the-slot", lora_rank=4)  # max_lora_adapters=2: the old slot is free again
+
+
+def test_recover_fails_interrupted_training_and_requeues_sampling(loop: EngineLoop) -> None:
+    create(loop, "s", "s:train:0")
+    interrupted = future("s:train:0:1", "optim_step", {"model_id": "s:train:0", "adam_params": {}}, "s:train:0", 1)
+    interrupted.status = "running"
+    sample = future("smp:0", "sample", {"weights_id": "", "prompt_tokens": [1, 2], "num_samples": 1,
+                                        "sampling_params": {"max_tokens": 2, "temperature": 0.0}})
+    sample.status = "running"
+    add(loop, interrupted, sample)
+    loop.recover()
+    done = results(loop)
+    assert done["s:train:0:1"].status == "failed" and "retry" in done["s:train:0:1"].error["message"]
+    assert done["smp:0"].status == "pending"
+    for _ in range(5):
+        loop.step()
+    assert results(loop)["smp:0"].status == "completed"
