@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from skyrl_tx.api.errors import error_response, install_error_handlers
-from skyrl_tx.api.routes import futures, sampling, service, training
+from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
@@ -63,6 +63,6 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
                                   f"{settings.max_request_bytes}; send fewer datums per call")
         return await call_next(request)
 
-    for router in (service.router, training.router, sampling.router, futures.router):
+    for router in (service.router, training.router, sampling.router, futures.router, checkpoints.router):
         app.include_router(router)
     return app
