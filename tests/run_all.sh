@@ -53,5 +53,7 @@ if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
 fi
 
 step "pytest"
-"$PY" -m pytest -q "$@"
+# One intra-op thread per process: the API tests run a server process beside the test process, and
+# OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
+OMP_NUM_THREADS=1 "$PY" -m pytest -q "$@"
 step "all tests passed"

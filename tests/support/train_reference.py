@@ -226,7 +226,8 @@ def peft_copy(model_dir: Path, state: dict[str, torch.Tensor], *, rank: int, alp
     peft_model = get_peft_model(load_hf_model(model_dir), LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
                                                                      target_modules=modules))
     params = peft_lora_parameters(peft_model)
-    assert sorted(state) == sorted(params), f"trainable_state names != PEFT names: {sorted(set(state) ^ set(params))[:8]}"
+    differ = sorted(set(state) ^ set(params))
+    assert not differ, f"trainable_state names != PEFT names: {differ[:8]}"
     with torch.no_grad():
         for name, param in params.items():
             assert state[name].shape == param.shape, name
@@ -321,6 +322,13 @@ def check_two_adamw_steps(backend, model_id: str, ref_model: torch.nn.Module, pa
         assert moved > 10 * atol, f"step {step} hardly moved the weights ({moved:.3g})"
         assert_zero(backend.trainable_grads(model_id), f"grads after optim_step {step}")
 
+
+# Two runs of OUR implementation on the same math but different batches (split calls, other tenants in the batch,
+# another slot) differ by float32 rounding of a different reduction order: a few ulps of values ~4..8 (ulp 4.8e-7).
+# Measured up to ~0.9e-6 x scale, so 1e-6 sits on the noise floor; 5e-6 x scale is still ~1e4 below a real bug.
+SAME_MATH_ATOL = 5e-6
+# Weights after a ROBUST_ADAM step from such gradients agree far more closely (measured < 2e-8).
+STEP_ATOL = 1e-6
 
 # AdamW settings for comparing two runs of OUR optimizer whose gradients agree only to rounding (different batch
 # composition or call splitting). With eps ~ 1e-12 a first Adam step is lr * sign(g), so an entry whose gradient

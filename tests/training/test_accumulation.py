@@ -6,6 +6,8 @@ import pytest
 import torch
 from train_reference import (
     ROBUST_ADAM,
+    SAME_MATH_ATOL,
+    STEP_ATOL,
     assert_dicts_close,
     assert_dicts_equal,
     assert_results_equal,
@@ -22,7 +24,6 @@ from skyrl_tx.types import AdamParams, TrainRequest, TrainResult
 
 PRESETS = ["tiny-qwen3", "tiny-llama3"]
 RANK, ALPHA = 4, 8.0
-ATOL = 1e-6
 
 
 @pytest.fixture(params=PRESETS)
@@ -63,16 +64,16 @@ def test_three_calls_equal_one_call(backend: NativeBackend) -> None:
                                                TrainRequest("split", [ppo[k]], "ppo")]))
     whole = backend.forward_backward([TrainRequest("whole", ce), TrainRequest("whole", ppo, "ppo")])
 
-    assert_results_equal([concat_results(parts, 0), concat_results(parts, 1)], whole, atol=ATOL)
+    assert_results_equal([concat_results(parts, 0), concat_results(parts, 1)], whole, atol=SAME_MATH_ATOL)
     split_grads, whole_grads = backend.trainable_grads("split"), backend.trainable_grads("whole")
-    assert_dicts_close(split_grads, whole_grads, ATOL, "accumulated grads")
+    assert_dicts_close(split_grads, whole_grads, SAME_MATH_ATOL, "accumulated grads")
     assert max(g.abs().max().item() for g in whole_grads.values()) > 1e-2
 
     m_split = backend.optim_step("split", ROBUST_ADAM)
     m_whole = backend.optim_step("whole", ROBUST_ADAM)
     assert m_split["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
     stepped = backend.trainable_state("whole")
-    assert_dicts_close(backend.trainable_state("split"), stepped, ATOL, "weights after the step")
+    assert_dicts_close(backend.trainable_state("split"), stepped, STEP_ATOL, "weights after the step")
     assert max((stepped[k] - state[k]).abs().max().item() for k in state) > 1e-4, "the step moved the weights"
     assert_zero(backend.trainable_grads("split"))
     assert_zero(backend.trainable_grads("whole"))
@@ -88,7 +89,8 @@ def test_accumulation_is_a_sum_of_calls(backend: NativeBackend) -> None:
     backend.forward_backward([request])
     backend.forward_backward([TrainRequest("once", ce[:3])])
     once = backend.trainable_grads("once")
-    assert_dicts_close(backend.trainable_grads("twice"), {k: 2 * v for k, v in once.items()}, ATOL, "2x grads")
+    doubled = {k: 2 * v for k, v in once.items()}
+    assert_dicts_close(backend.trainable_grads("twice"), doubled, SAME_MATH_ATOL, "2x grads")
 
 
 def test_zero_weights_change_nothing(backend: NativeBackend) -> None:

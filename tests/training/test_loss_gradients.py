@@ -104,7 +104,7 @@ def assert_clipping_exercised(peft_model, request: TrainRequest) -> None:
         assert ((ratio < lo) & (adv > 0)).any() and ((ratio < lo) & (adv < 0)).any()
 
 
-@pytest.mark.parametrize("loss_fn,config", CASES, ids=[f"{l}-{'custom' if c else 'default'}" for l, c in CASES])
+@pytest.mark.parametrize("loss_fn,config", CASES, ids=[f"{fn}-{'custom' if c else 'default'}" for fn, c in CASES])
 def test_single_loss_matches_reference(lora, loss_fn: str, config) -> None:
     backend, model_id, peft_model = lora
     (request,) = requests_for(model_id, peft_model, backend.decoder_config.vocab_size, [(loss_fn, config)],
