@@ -56,6 +56,8 @@ class SamplingParams:
     """The SDK's SamplingParams: temperature 0 = greedy; top_k <= 0 and top_p = 1 disable those cuts.
 
     `stop` holds token ids or strings (strings are matched on the decoded bytes of the completion).
+    stop=None stops at the model's EOS; an explicit empty list disables every stop, EOS included (as the
+    Tinker SDK defines it), so generation runs to max_tokens.
     """
 
     max_tokens: int = 16

@@ -18,7 +18,8 @@ void bind_sampling(py::module_& m) {
       .def_readwrite("top_p", &SamplingParams::top_p)
       .def_readwrite("seed", &SamplingParams::seed)
       .def_readwrite("stop_tokens", &SamplingParams::stop_tokens)
-      .def_readwrite("stop_strings", &SamplingParams::stop_strings);
+      .def_readwrite("stop_strings", &SamplingParams::stop_strings)
+      .def_readwrite("stop_at_eos", &SamplingParams::stop_at_eos);
   py::class_<SampleRequest>(m, "SampleRequest")
       .def(py::init<>())
       .def_readwrite("weights_id", &SampleRequest::weights_id)

@@ -155,7 +155,9 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
       seq.slot = req.slot;
       seq.cached = prompt_len;
       seq.rng = sequence_rng(req.request, s);
-      seq.stop = std::make_unique<StopMatcher>(eos_tokens_, req.request.params.stop_tokens,
+      const std::vector<int64_t> no_eos;
+      seq.stop = std::make_unique<StopMatcher>(req.request.params.stop_at_eos ? eos_tokens_ : no_eos,
+                                               req.request.params.stop_tokens,
                                                req.request.params.stop_strings, token_bytes_);
       const int64_t row = req.rows[s];
       rows_[row] = std::move(seq);

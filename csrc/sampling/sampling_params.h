@@ -19,6 +19,7 @@ struct SamplingParams {
   std::optional<uint64_t> seed;             // unset: drawn from the backend's generator
   std::vector<int64_t> stop_tokens;         // in addition to the model's EOS tokens
   std::vector<std::string> stop_strings;    // matched on the decoded bytes of the completion
+  bool stop_at_eos = true;                  // false: run to max_tokens unless a stop token/string hits
 
   /// Throws InvalidArgument naming the field (max_tokens < 1, temperature < 0, top_p outside (0, 1], ...).
   void validate(int64_t vocab_size) const;

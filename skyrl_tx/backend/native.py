@@ -207,6 +207,7 @@ def _native_sample_request(request: SampleRequest):
     p = request.sampling_params
     params.max_tokens, params.temperature, params.top_k, params.top_p = p.max_tokens, p.temperature, p.top_k, p.top_p
     params.seed = p.seed
+    params.stop_at_eos = p.stop is None or len(p.stop) > 0
     stop = list(p.stop or [])
     if any(isinstance(s, str) for s in stop) and not all(isinstance(s, str) for s in stop):
         raise InvalidArgumentError("sample: stop must be all token ids or all strings")

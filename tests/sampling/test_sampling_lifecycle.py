@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
@@ -38,3 +39,23 @@ def test_unloading_a_model_with_running_samples_is_a_conflict(backend: NativeBac
         finished.update(backend.sample_step())
     assert len(finished[request_id].sequences[0].tokens) == 20
     backend.remove_model("m")  # idle now: allowed
+
+
+def test_empty_stop_list_disables_eos(backend: NativeBackend) -> None:
+    # An lm_head-only rank-1 adapter that makes EOS overwhelmingly likely at every position.
+    backend.create_model("eos", lora_rank=1, alpha=1.0, train_attn=False, train_mlp=False, train_unembed=True)
+    state = backend.trainable_state("eos")
+    eos = backend.eos_token_ids[0]
+    a = torch.ones_like(state["base_model.model.lm_head.lora_A.weight"])
+    b = torch.zeros_like(state["base_model.model.lm_head.lora_B.weight"])
+    b[eos] = 1000.0
+    backend.set_adapter_weights("eos", {"base_model.model.lm_head.lora_A.weight": a,
+                                        "base_model.model.lm_head.lora_B.weight": b})
+    prompt = [5, 6, 7]  # for this prompt the hidden states sum positive (deterministic preset): EOS dominates
+
+    default = backend.sample([SampleRequest(prompt, SamplingParams(max_tokens=5, temperature=0.0),
+                                            weights_id="eos")])[0].sequences[0]
+    no_stops = backend.sample([SampleRequest(prompt, SamplingParams(max_tokens=5, temperature=0.0, stop=[]),
+                                             weights_id="eos")])[0].sequences[0]
+    assert default.tokens == [eos] and default.stop_reason == "stop"
+    assert no_stops.stop_reason == "length" and len(no_stops.tokens) == 5
