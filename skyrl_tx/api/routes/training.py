@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,7 +13,7 @@ from skyrl_tx.api.protobuf_codec import decode_forward_backward_request
 from skyrl_tx.api.submit import require_model, submit_future
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
-from skyrl_tx.types import LOSS_FUNCTIONS
+from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
 
 router = APIRouter(prefix="/api/v1")
 
@@ -41,21 +42,11 @@ class ModelRef(BaseModel):
     model_id: str
 
 
-class AdamParamsBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-
 class OptimStepRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model_id: str
     seq_id: int
-    adam_params: AdamParamsBody | None = None
+    adam_params: AdamParams | None = None  # the shared dataclass; pydantic validates its fields
     optimizer_params: dict[str, Any] | None = None
 
 
@@ -121,7 +112,7 @@ def optim_step(body: OptimStepRequest, request: Request, db: DbDep) -> dict[str,
     if body.adam_params is None:
         kind = (body.optimizer_params or {}).get("type", "unknown")
         raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params (AdamW)")
-    job = {"model_id": body.model_id, "adam_params": body.adam_params.model_dump()}
+    job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="optim_step",
                               body=job, model_id=body.model_id, seq_id=body.seq_id)
     return {"request_id": future_id, "model_id": body.model_id}
