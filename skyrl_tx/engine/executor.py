@@ -40,7 +40,8 @@ def adam_params(request: dict[str, Any]) -> AdamParams:
 
 def sample_request(request: dict[str, Any]) -> SampleRequest:
     p = request["sampling_params"]
-    params = SamplingParams(max_tokens=int(p.get("max_tokens") or 16), temperature=float(p.get("temperature", 1.0)),
+    max_tokens = p.get("max_tokens")
+    params = SamplingParams(max_tokens=16 if max_tokens is None else int(max_tokens), temperature=float(p.get("temperature", 1.0)),
                             top_k=int(p.get("top_k", -1)), top_p=float(p.get("top_p", 1.0)), seed=p.get("seed"),
                             stop=p.get("stop"))
     return SampleRequest(request["prompt_tokens"], params, num_samples=int(request.get("num_samples", 1)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -18,8 +19,10 @@ from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, Unimplem
 
 log = logging.getLogger("skyrl_tx.engine")
 
-# Requests that run only after every earlier request of their model, and alone.
-TRAIN_TYPES = ("forward_backward", "forward")
+TRAIN_TYPES = ("forward_backward", "forward")  # batched across models; everything else is a per-model barrier
+# A model's requests run in seq_id order. A missing seq_id is waited for this long: a request the API
+# rejected at the edge consumed its seq_id without ever being stored, and must not stall the model.
+GAP_WAIT_S = 5.0
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -38,6 +41,7 @@ class EngineLoop:
         self.notify = notify
         self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, str] = {}  # backend sample id → future id
+        self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
 
     def expire_sessions(self) -> list[str]:
         """Sessions silent past the timeout lose their models, so their adapter slots can be reused.
@@ -79,6 +83,11 @@ class EngineLoop:
                 else:
                     f.status, f.error = FutureStatus.FAILED.value, interrupted
                     f.completed_at = datetime.now(timezone.utc)
+            # A fresh backend holds no models: models of an earlier server run are gone until checkpoints
+            # can restore them, so the database must not keep claiming they exist.
+            for model in db.scalars(select(ModelRecord).where(ModelRecord.status == ModelStatus.READY.value)):
+                model.status = ModelStatus.UNLOADED.value
+                log.info("model %s of an earlier run is not loaded any more", model.id)
 
     def step(self) -> bool:
         """Runs what is runnable now; returns whether anything happened."""
@@ -95,14 +104,34 @@ class EngineLoop:
                 self._submit_sample(f)
             else:
                 by_model[f.model_id or ""].append(f)
-        for queue in by_model.values():
+        for model_id, queue in by_model.items():
             queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
+            by_model[model_id] = self._in_order(model_id, queue)
         self._run_training(by_model)
         for queue in by_model.values():
             barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
             if barrier is not None and queue[0] is barrier:
                 self._run_single(barrier, self._barrier)
         return self._advance_sampling() or did_work
+
+    def _in_order(self, model_id: str, queue: list[FutureRecord]) -> list[FutureRecord]:
+        """The prefix of a model's sorted queue that may run now: no seq_id before it is still missing."""
+        last = self._last_seq.get(model_id)
+        if last is None:
+            with self.sessions() as db:
+                done = db.scalars(select(FutureRecord.seq_id).where(
+                    FutureRecord.model_id == model_id, FutureRecord.seq_id.is_not(None),
+                    FutureRecord.status.in_([FutureStatus.COMPLETED.value, FutureStatus.FAILED.value]))).all()
+            last = self._last_seq[model_id] = max(done, default=0)
+        runnable = []
+        now = datetime.now(timezone.utc)
+        for f in queue:
+            if f.seq_id is not None and f.seq_id > last + 1 and (now - f.created_at).total_seconds() < GAP_WAIT_S:
+                break  # an earlier request of this model has not arrived yet
+            runnable.append(f)
+            if f.seq_id is not None:
+                last = f.seq_id
+        return runnable
 
     # ---- training ------------------------------------------------------------------------------
     def _run_training(self, by_model: dict[str, list[FutureRecord]]) -> None:
@@ -155,8 +184,11 @@ class EngineLoop:
 
     def _create_model(self, f: FutureRecord) -> dict[str, Any]:
         r = f.request
-        self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA,
-                                  seed=r.get("seed") or 0, train_attn=r["train_attn"], train_mlp=r["train_mlp"],
+        seed = r.get("seed")
+        if seed is None:  # the SDK's "random seed"
+            seed = random.getrandbits(63)
+        self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA, seed=seed,
+                                  train_attn=r["train_attn"], train_mlp=r["train_mlp"],
                                   train_unembed=r["train_unembed"])
         with self.sessions.begin() as db:
             db.get(ModelRecord, r["model_id"]).status = ModelStatus.READY.value
@@ -204,6 +236,8 @@ class EngineLoop:
                 row.status, row.started_at, row.attempts = FutureStatus.RUNNING.value, now, row.attempts + 1
 
     def _finish(self, f: FutureRecord, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
+        if f.model_id and f.seq_id is not None:
+            self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
         with self.sessions.begin() as db:
             row = db.get(FutureRecord, f.id)
             row.status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value

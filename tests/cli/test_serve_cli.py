@@ -1,10 +1,12 @@
-"""The server command loads a preset and reports readiness; bad --backend-config stops with the valid keys."""
+"""The server command serves a preset and logs readiness; bad --backend-config stops with the valid keys."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,12 +22,16 @@ def run_module(args: list[str], cache: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
 
 
-def test_api_module_loads_preset_and_reports_ready(preset_cache: Path) -> None:
-    result = run_module(["-m", "skyrl_tx.api", "--base-model", "tiny-llama3",
-                         "--backend-config", '{"max_lora_adapters": 2}'], preset_cache)
-    assert result.returncode == 0, result.stderr
-    assert "model loaded: LlamaForCausalLM" in result.stderr
-    assert "ready: core loaded with 2 LoRA slots" in result.stderr
+def test_api_module_serves_and_logs_readiness(preset_cache: Path) -> None:
+    from live_server import live_server
+
+    with live_server(base_model="tiny-llama3", backend_config={"max_lora_adapters": 2}) as url:
+        log = url.log_tail(200)
+        with urllib.request.urlopen(f"{url}/api/v1/get_server_capabilities", timeout=10) as response:
+            capabilities = json.loads(response.read())
+    assert "model loaded: LlamaForCausalLM" in log and "listening on http://127.0.0.1:" in log
+    assert "engine ready: serving tiny-llama3" in log
+    assert capabilities["supported_models"][0]["model_name"] == "tiny-llama3"
 
 
 def test_unknown_backend_config_key_lists_valid_keys(preset_cache: Path) -> None:

@@ -63,6 +63,8 @@ class SampleBody(BaseModel):
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
     prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
+    target_prompt_logprobs: dict[str, Any] | None = None
 
 
 @router.post("/save_weights_for_sampler")
@@ -123,8 +125,11 @@ def asample(body: SampleBody, request: Request, db: DbDep) -> dict[str, Any]:
                             "client first")
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
-    if body.topk_sample_logprobs or body.prompt_alt_tokens_k:
-        raise InvalidArgumentError("asample: topk_sample_logprobs and prompt_alt_tokens_k are not supported yet")
+    unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n",
+                                     "target_prompt_logprobs") if getattr(body, name)]
+    if unsupported:
+        raise InvalidArgumentError(f"asample: {', '.join(unsupported)} not supported by this server yet; "
+                                   "leave them unset")
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
     params["stop"] = [stop] if isinstance(stop, str) else stop

@@ -1,0 +1,214 @@
+"""Sampling through the tinker SDK against a live server: determinism, seeds, num_samples, max_tokens, stops,
+prompt logprobs against training logprobs, and sampling clients made from saved weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tinker import types
+
+BASE_MODEL = "tiny-qwen3"
+PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
+NEVER = "\x01never\x02"
+
+
+@pytest.fixture(scope="module")
+def server_options() -> dict[str, Any]:
+    return {"backend_config": {"max_lora_adapters": 16}}
+
+
+@pytest.fixture(scope="module")
+def base_sampler(service_client: Any) -> Any:
+    return service_client.create_sampling_client(base_model=BASE_MODEL).result()
+
+
+def prompt(tokens: list[int] = PROMPT) -> types.ModelInput:
+    return types.ModelInput.from_ints(tokens)
+
+
+def sample(sampler: Any, num_samples: int = 1, tokens: list[int] = PROMPT, **params: Any) -> types.SampleResponse:
+    return sampler.sample(prompt(tokens), num_samples, types.SamplingParams(**params)).result()
+
+
+def datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+def forward_logprobs(training_client: Any, tokens: list[int]) -> list[float]:
+    out = training_client.forward([datum(tokens)], "cross_entropy").result()
+    return out.loss_fn_outputs[0]["logprobs"].tolist()
+
+
+def train(training_client: Any, steps: int = 2) -> None:
+    data = [datum(PROMPT + [3, 4, 5]), datum([11, 12, 13, 14, 15])]
+    for _ in range(steps):
+        training_client.forward_backward(data, "cross_entropy")
+        training_client.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+
+
+def test_greedy_sampling_is_deterministic(base_sampler: Any) -> None:
+    first = sample(base_sampler, 2, max_tokens=8, temperature=0.0)
+    second = sample(base_sampler, 1, max_tokens=8, temperature=0.0)
+    tokens = [list(s.tokens) for s in first.sequences]
+    assert len(tokens[0]) > 0 and all(0 <= t < 2112 for t in tokens[0])
+    assert tokens[0] == tokens[1] == list(second.sequences[0].tokens)
+
+
+def test_num_samples(base_sampler: Any) -> None:
+    result = sample(base_sampler, 3, max_tokens=6, temperature=1.0, seed=11)
+    assert len(result.sequences) == 3
+    assert all(1 <= len(s.tokens) <= 6 for s in result.sequences)
+    assert all(s.logprobs is not None and len(s.logprobs) == len(s.tokens) for s in result.sequences)
+    assert len({tuple(s.tokens) for s in result.sequences}) > 1, "the samples of one request are all identical"
+    assert len({s.sequence_id for s in result.sequences}) == 3
+
+
+def test_max_tokens_gives_length(base_sampler: Any) -> None:
+    for max_tokens in (1, 5):
+        (seq,) = sample(base_sampler, 1, max_tokens=max_tokens, temperature=1.0, seed=3, stop=[]).sequences
+        assert len(seq.tokens) == max_tokens and seq.stop_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible(base_sampler: Any) -> None:
+    a = sample(base_sampler, 2, max_tokens=8, temperature=1.0, seed=1234, stop=[])
+    b = sample(base_sampler, 2, max_tokens=8, temperature=1.0, seed=1234, stop=[])
+    c = sample(base_sampler, 2, max_tokens=8, temperature=1.0, seed=4321, stop=[])
+    assert [list(s.tokens) for s in a.sequences] == [list(s.tokens) for s in b.sequences]
+    for x, y in zip(a.sequences, b.sequences):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-6)
+    assert [list(s.tokens) for s in a.sequences] != [list(s.tokens) for s in c.sequences]
+
+
+def test_stop_token_ids(base_sampler: Any) -> None:
+    (full,) = sample(base_sampler, 1, max_tokens=12, temperature=1.0, seed=5, stop=[]).sequences
+    assert full.stop_reason == "length"
+    j = next(i for i in range(2, len(full.tokens)) if full.tokens[i] not in full.tokens[:i])
+    (cut,) = sample(base_sampler, 1, max_tokens=12, temperature=1.0, seed=5, stop=[full.tokens[j]]).sequences
+    assert list(cut.tokens) == list(full.tokens[:j + 1]) and cut.stop_reason == "stop"
+
+
+def stop_string_case(tokenizer: Any, tokens: list[int]) -> tuple[str, int]:
+    """A stop string spanning a token boundary, and the index of the first token whose text completes it."""
+    def text(n: int) -> str:
+        return tokenizer.decode(tokens[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    for j in range(len(tokens) // 2, len(tokens) - 1):
+        before, upto = text(j), text(j + 1)
+        if len(before) < 2 or len(upto) <= len(before) or not upto.startswith(before):
+            continue
+        s = upto[len(before) - 2:len(before) + 1]  # two characters of earlier tokens, one of token j
+        if "\ufffd" in s or not s.strip():
+            continue
+        cut = next(i for i in range(len(tokens)) if s in text(i + 1))
+        if cut >= 1:
+            return s, cut
+    raise AssertionError(f"no usable stop string in {text(len(tokens))!r}")
+
+
+def test_stop_strings(service_client: Any) -> None:
+    training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=1).result()
+    tokenizer = training_client.get_tokenizer()
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    (full,) = sample(sampler, 1, max_tokens=24, temperature=1.0, seed=31, stop=[]).sequences
+    assert full.stop_reason == "length"
+    s, cut = stop_string_case(tokenizer, list(full.tokens))
+    for stop in ([s], [NEVER, s]):
+        (seq,) = sample(sampler, 1, max_tokens=24, temperature=1.0, seed=31, stop=stop).sequences
+        assert list(seq.tokens) == list(full.tokens[:cut + 1]), f"stop={stop!r}: expected {cut + 1} tokens"
+        assert seq.stop_reason == "stop"
+    (seq,) = sample(sampler, 1, max_tokens=24, temperature=1.0, seed=31, stop=[NEVER]).sequences
+    assert list(seq.tokens) == list(full.tokens) and seq.stop_reason == "length"
+
+
+def test_prompt_logprobs_equal_training_logprobs(service_client: Any, base_sampler: Any) -> None:
+    lps = base_sampler.compute_logprobs(prompt()).result()
+    assert len(lps) == len(PROMPT) and lps[0] is None and all(isinstance(x, float) for x in lps[1:])
+    # a fresh LoRA adapter has B = 0: its training forward is the base model
+    training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
+    assert lps[1:] == pytest.approx(forward_logprobs(training_client, PROMPT), abs=1e-4)
+    # the same through sample(include_prompt_logprobs=True)
+    res = base_sampler.sample(prompt(), 1, types.SamplingParams(max_tokens=2, temperature=0.0),
+                              include_prompt_logprobs=True).result()
+    assert res.prompt_logprobs is not None and res.prompt_logprobs[0] is None
+    assert res.prompt_logprobs[1:] == pytest.approx(lps[1:], abs=1e-5)
+
+
+def test_named_sampler_weights_serve_the_trained_adapter(service_client: Any, base_sampler: Any) -> None:
+    training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=3).result()
+    train(training_client)
+    saved = training_client.save_weights_for_sampler("e2e-ckpt").result()
+    assert saved.path == f"tinker://{training_client.model_id}/sampler_weights/e2e-ckpt"
+    sampler = service_client.create_sampling_client(model_path=saved.path).result()
+    assert sampler.get_base_model() == BASE_MODEL
+
+    trained = forward_logprobs(training_client, PROMPT)
+    lps = sampler.compute_logprobs(prompt()).result()
+    assert lps[1:] == pytest.approx(trained, abs=1e-4)
+    base = base_sampler.compute_logprobs(prompt()).result()
+    assert max(abs(a - b) for a, b in zip(lps[1:], base[1:])) > 1e-3, "the sampler serves the base model"
+    (seq,) = sample(sampler, 1, max_tokens=4, temperature=0.0, stop=[]).sequences
+    assert len(seq.tokens) == 4
+
+
+def test_sampling_client_snapshot_is_frozen(service_client: Any) -> None:
+    training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=4).result()
+    train(training_client, steps=1)
+    sampler = training_client.save_weights_and_get_sampling_client().result()
+    snapshot_lps = sampler.compute_logprobs(prompt()).result()
+    assert snapshot_lps[1:] == pytest.approx(forward_logprobs(training_client, PROMPT), abs=1e-4)
+    train(training_client, steps=1)
+    assert sampler.compute_logprobs(prompt()).result()[1:] == pytest.approx(snapshot_lps[1:], abs=1e-6)
+    newer = training_client.save_weights_and_get_sampling_client().result()
+    newer_lps = newer.compute_logprobs(prompt()).result()
+    assert newer_lps[1:] == pytest.approx(forward_logprobs(training_client, PROMPT), abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(newer_lps[1:], snapshot_lps[1:])) > 1e-3
+
+
+def test_topk_prompt_logprobs(base_sampler: Any) -> None:
+    k = 3
+    res = base_sampler.sample(prompt(), 1, types.SamplingParams(max_tokens=1, temperature=0.0),
+                              include_prompt_logprobs=True, topk_prompt_logprobs=k).result()
+    topk, lps = res.topk_prompt_logprobs, res.prompt_logprobs
+    assert topk is not None and lps is not None and len(topk) == len(lps) == len(PROMPT)
+    assert topk[0] is None
+    for i, row in enumerate(topk[1:], start=1):
+        assert row is not None and len(row) == k
+        values = [lp for _, lp in row]
+        assert values == sorted(values, reverse=True)
+        assert all(0 <= t < 2112 for t, _ in row)
+        assert values[0] >= lps[i] - 1e-5  # the best token is at least as likely as the prompt's own
+        if PROMPT[i] in [t for t, _ in row]:
+            assert dict(row)[PROMPT[i]] == pytest.approx(lps[i], abs=1e-5)
+
+
+def test_prompt_logprobs_last_n_is_honoured_or_rejected(base_sampler: Any) -> None:
+    import tinker
+
+    full = base_sampler.compute_logprobs(prompt()).result()
+    try:
+        last = base_sampler.compute_logprobs(prompt(), prompt_logprobs_last_n=3).result()
+    except (tinker.BadRequestError, tinker.RequestFailedError) as exc:  # rejecting it up front is fine too
+        assert "prompt_logprobs_last_n" in str(exc)
+        return
+    assert last[:-3] == [None] * (len(PROMPT) - 3)
+    assert last[-3:] == pytest.approx(full[-3:], abs=1e-5)
+
+
+def test_target_prompt_logprobs_are_returned_or_rejected(base_sampler: Any) -> None:
+    import tinker
+    import torch
+
+    full = base_sampler.compute_logprobs(prompt()).result()
+    ids = torch.tensor([[t, -1] for t in PROMPT[1:]], dtype=torch.int64)  # [len(prompt) - 1, K]: the actual tokens
+    try:
+        res = base_sampler.sample(prompt(), 1, types.SamplingParams(max_tokens=1),
+                                  target_prompt_logprobs=types.TensorData.from_torch(ids)).result()
+    except (tinker.BadRequestError, tinker.RequestFailedError) as exc:
+        assert "target_prompt_logprobs" in str(exc)
+        return
+    assert res.target_prompt_logprobs is not None, "target_prompt_logprobs requested, none returned, no error"
+    values = res.target_prompt_logprobs.to_torch()
+    assert values.shape == ids.shape
+    assert values[:, 0].tolist() == pytest.approx(full[1:], abs=1e-4)
