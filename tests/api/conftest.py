@@ -12,25 +12,14 @@ attached to its report.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_server import POSTGRES_URL_ENV, ServerUrl, live_server, postgres_base_url, postgres_schema_url
+from live_server import ServerUrl, live_server
+from postgres import postgres_url_or_skip, schema_url
 
 API_KEY = "tml-test"  # any key of the SDK's accepted shape (tml-...); the server does not check it
-
-
-def _postgres_url_or_skip() -> str:
-    url = postgres_base_url()
-    if url:
-        return url
-    message = (f"{POSTGRES_URL_ENV} is not set: the PostgreSQL server cases need a database, e.g. "
-               "postgresql+psycopg://skyrl:skyrl@127.0.0.1:5432/skyrl_test")
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message}. CI must start PostgreSQL and export {POSTGRES_URL_ENV}.", pytrace=False)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +36,7 @@ def server_url(request: pytest.FixtureRequest, server_options: dict[str, Any], p
         with live_server(**server_options) as url:
             yield url
     else:
-        with postgres_schema_url(_postgres_url_or_skip()) as database_url:
+        with schema_url(postgres_url_or_skip(), prefix="skyrl_api") as database_url:
             with live_server(database_url=database_url, **server_options) as url:
                 yield url
 

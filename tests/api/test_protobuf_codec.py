@@ -22,7 +22,6 @@ from tinker.types import (
     ModelInput,
     PromptProvenanceSpan,
     SampledProvenanceSpan,
-    TensorData,
 )
 
 from skyrl_tx.api import protobuf_codec as codec

@@ -12,7 +12,6 @@ Environment of the server: SKYRL_TX_DATA_DIR is a fresh temporary directory per 
 `preset_cache` fixture sets it), else one temporary directory shared by every server of this process, so
 presets are generated once per test session.
 
-Also here: postgres_schema_url(), a fresh PostgreSQL schema for one server (dropped afterwards).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,29 +155,3 @@ def live_server(*, base_model: str = "tiny-qwen3", database_url: str | None = No
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-# ---- PostgreSQL ---------------------------------------------------------------------------------------------
-POSTGRES_URL_ENV = "SKYRL_TX_TEST_POSTGRES_URL"
-
-
-def postgres_base_url() -> str | None:
-    """$SKYRL_TX_TEST_POSTGRES_URL, or None (callers skip, or fail under CI=true)."""
-    return os.environ.get(POSTGRES_URL_ENV) or None
-
-
-@contextlib.contextmanager
-def postgres_schema_url(base_url: str) -> Iterator[str]:
-    """A URL whose search_path is a fresh schema (so every server starts empty); the schema is dropped after."""
-    import sqlalchemy as sa
-    from sqlalchemy.engine import make_url
-
-    schema = f"skyrl_api_{uuid.uuid4().hex[:16]}"
-    admin = sa.create_engine(base_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        url = make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        admin.dispose()
