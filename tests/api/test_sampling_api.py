@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sampling_reference import stop_string_case
 from tinker import types
 
 BASE_MODEL = "tiny-qwen3"
@@ -87,24 +88,6 @@ def test_stop_token_ids(base_sampler: Any) -> None:
     j = next(i for i in range(2, len(full.tokens)) if full.tokens[i] not in full.tokens[:i])
     (cut,) = sample(base_sampler, 1, max_tokens=12, temperature=1.0, seed=5, stop=[full.tokens[j]]).sequences
     assert list(cut.tokens) == list(full.tokens[:j + 1]) and cut.stop_reason == "stop"
-
-
-def stop_string_case(tokenizer: Any, tokens: list[int]) -> tuple[str, int]:
-    """A stop string spanning a token boundary, and the index of the first token whose text completes it."""
-    def text(n: int) -> str:
-        return tokenizer.decode(tokens[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    for j in range(len(tokens) // 2, len(tokens) - 1):
-        before, upto = text(j), text(j + 1)
-        if len(before) < 2 or len(upto) <= len(before) or not upto.startswith(before):
-            continue
-        s = upto[len(before) - 2:len(before) + 1]  # two characters of earlier tokens, one of token j
-        if "\ufffd" in s or not s.strip():
-            continue
-        cut = next(i for i in range(len(tokens)) if s in text(i + 1))
-        if cut >= 1:
-            return s, cut
-    raise AssertionError(f"no usable stop string in {text(len(tokens))!r}")
 
 
 def test_stop_strings(service_client: Any) -> None:

@@ -17,6 +17,7 @@ from sampling_reference import (
     random_lora_weights,
     random_prompts,
     sample_one,
+    stop_string_case,
 )
 from transformers import AutoTokenizer
 
@@ -196,25 +197,6 @@ def test_stop_token_cuts_after_the_token(backend: NativeBackend, mode: str) -> N
     assert seq.tokens == full.tokens and seq.stop_reason == "length"
 
 
-def stop_string_case(tok, tokens: list[int]) -> tuple[str, int]:
-    """A clean stop string spanning a token boundary in the middle of the completion, and the index of the first
-    token whose text completes it."""
-    def text(n: int) -> str:
-        return tok.decode(tokens[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    for j in range(len(tokens) // 2, len(tokens) - 2):
-        before, upto = text(j), text(j + 1)
-        if len(before) < 2 or len(upto) <= len(before) or not upto.startswith(before):
-            continue
-        s = upto[len(before) - 2:len(before) + 1]  # two characters of earlier tokens, one of token j
-        if "\ufffd" in s or not s.strip():
-            continue
-        cut = next(i for i in range(len(tokens)) if s in text(i + 1))
-        if cut >= 2:
-            return s, cut
-    raise AssertionError("no usable stop string in the completion")
-
-
 @pytest.mark.parametrize("mode", ["greedy", "seeded"])
 def test_stop_string_cuts_at_the_completing_token(preset, mode: str) -> None:
     path, backend = preset
@@ -224,7 +206,7 @@ def test_stop_string_cuts_at_the_completing_token(preset, mode: str) -> None:
     # llama's tiny greedy output can be one repeated token; sample with the adapter, whose text varies more.
     (full,) = sample_one(backend, prompt, params, ADAPTER)
     assert full.stop_reason == "length"
-    s, cut = stop_string_case(tok, full.tokens)
+    s, cut = stop_string_case(tok, full.tokens, min_cut=2)
     for stop in ([s], ["\x01never\x02", s]):
         params.stop = stop
         (seq,) = sample_one(backend, prompt, params, ADAPTER)

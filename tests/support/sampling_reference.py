@@ -164,3 +164,22 @@ def assert_same_sequences(actual: Sequence[SampledSequence], expected: Sequence[
                 break  # a genuine near-tie (checked just above): the streams legitimately part here
         else:
             assert a.tokens == b.tokens and a.stop_reason == b.stop_reason, f"{what} sample {s}: {a} != {b}"
+
+
+def stop_string_case(tokenizer, tokens: list[int], min_cut: int = 1) -> tuple[str, int]:
+    """A clean stop string spanning a token boundary in the second half of `tokens`, and the index of the first
+    token whose decoded text completes it (at least `min_cut`)."""
+    def text(n: int) -> str:
+        return tokenizer.decode(tokens[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    for j in range(len(tokens) // 2, len(tokens) - min_cut):
+        before, upto = text(j), text(j + 1)
+        if len(before) < 2 or len(upto) <= len(before) or not upto.startswith(before):
+            continue
+        s = upto[len(before) - 2:len(before) + 1]  # two characters of earlier tokens, one of token j
+        if "\ufffd" in s or not s.strip():
+            continue
+        cut = next(i for i in range(len(tokens)) if s in text(i + 1))
+        if cut >= min_cut:
+            return s, cut
+    raise AssertionError(f"no usable stop string in {text(len(tokens))!r}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.submit import require_model, submit_future
@@ -94,9 +95,12 @@ def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, setti
         return {"sampling_session_id": sampler_id}
     snapshot_id, model_id, base_model = None, None, body.base_model or settings.base_model
     if body.model_path:
-        save = db.query(FutureRecord).filter(FutureRecord.request_type == "save_weights_for_sampler",
-                                             FutureRecord.status == "completed").all()
-        match = next((f for f in save if (f.result or {}).get("path") == body.model_path), None)
+        # tinker://<model_id>/sampler_weights/<name>: only that model's completed saves can match.
+        saved_by = body.model_path.removeprefix("tinker://").split("/", 1)[0]
+        saves = db.scalars(select(FutureRecord).where(FutureRecord.model_id == saved_by,
+                                                     FutureRecord.request_type == "save_weights_for_sampler",
+                                                     FutureRecord.status == "completed"))
+        match = next((f for f in saves if (f.result or {}).get("path") == body.model_path), None)
         if match is None:
             raise NotFoundError(f"create_sampling_session: model_path {body.model_path!r} is not a sampler checkpoint "
                                 "saved on this server (save_weights_for_sampler with a name first)")
