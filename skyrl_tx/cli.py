@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.errors import NotFoundError, SkyrlTxError
+from skyrl_tx.errors import InvalidArgumentError, NotFoundError, SkyrlTxError
 
 log = logging.getLogger("skyrl_tx")
 
@@ -27,6 +28,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unload the models of a session that sent no heartbeat for this long (default 300)")
     parser.add_argument("--database-url", default=None,
                         help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx)")
+    parser.add_argument("--checkpoints-base", default=None, metavar="URL",
+                        help="where checkpoints are written: a local directory or an fsspec URL such as "
+                             "s3://bucket/prefix (default: <data dir>/checkpoints)")
+    parser.add_argument("--checkpoints-storage-options", default=None, metavar="JSON",
+                        help='fsspec options for --checkpoints-base, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
+
+
+def _json_object(text: str | None, flag: str) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{flag}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{flag}: must be a JSON object")
+    return value
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -38,9 +56,11 @@ def serve(args: argparse.Namespace) -> int:
     from skyrl_tx.models.hf_config import load_decoder_config
 
     backend_settings = BackendSettings.from_json(args.backend_config)
+    storage_options = _json_object(args.checkpoints_storage_options, "--checkpoints-storage-options")
     settings = ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
                               port=args.port, database_url=args.database_url, backend=backend_settings,
-                              session_timeout_s=args.session_timeout)
+                              session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
+                              checkpoints_storage_options=storage_options)
     model_dir = resolve_model_path(args.base_model)
     architecture = load_decoder_config(model_dir).architecture
 

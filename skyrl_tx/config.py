@@ -90,6 +90,8 @@ class ServerSettings:
     max_request_bytes: int = 256 * 1024 * 1024  # larger bodies get 413
     long_poll_s: float = 25.0  # retrieve_future waits this long before answering try_again
     session_timeout_s: float = 300.0  # a session without heartbeats this long has its models unloaded
+    checkpoints_base: str | None = None  # local directory or fsspec URL (s3://bucket/prefix); default: data dir
+    checkpoints_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # fsspec options
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases

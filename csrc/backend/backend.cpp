@@ -13,7 +13,6 @@
 #include "loss/token_logprobs.h"
 
 namespace skyrl_tx::backend {
-namespace {
 
 bool targets_group(const lora::LoraConfig& c, models::LoraGroup group) {
   switch (group) {
@@ -23,8 +22,6 @@ bool targets_group(const lora::LoraConfig& c, models::LoraGroup group) {
   }
   return false;
 }
-
-}  // namespace
 
 void BackendConfig::validate() const {
   SKYRL_TX_CHECK(max_lora_adapters >= 1, InvalidArgument, "backend config: max_lora_adapters must be >= 1 (got ",

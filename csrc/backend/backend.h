@@ -18,6 +18,16 @@
 namespace skyrl_tx::backend {
 
 /// NOTE: single owner — only the engine thread calls a Backend, so it holds no locks.
+/// Whether an adapter with config `c` adapts the modules of `group`.
+bool targets_group(const lora::LoraConfig& c, models::LoraGroup group);
+
+/// AdamW state in checkpoint form (float32 CPU tensors keyed by trainable-tensor name).
+struct OptimizerState {
+  int64_t step = 0;
+  std::map<std::string, at::Tensor> exp_avg;
+  std::map<std::string, at::Tensor> exp_avg_sq;
+};
+
 class Backend {
  public:
   /// weights: HF-named tensors of every shard. Throws InvalidArgument / Unimplemented for bad configs.
@@ -58,14 +68,33 @@ class Backend {
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
 
+  // ---- checkpoint state (backend_state.cpp) ----
+  /// AdamW state of a model as float32 CPU copies: step 0 and no moments before its first optim_step.
+  OptimizerState optimizer_state(const std::string& model_id) const;
+  /// Restores AdamW state saved by optimizer_state. Names and shapes must match the model's trainable
+  /// tensors (InvalidArgument names the first mismatch); nothing changes on error.
+  void set_optimizer_state(const std::string& model_id, const OptimizerState& state);
+  /// Overwrites a model's trainable tensors: LoRA factors (as set_adapter_weights) or, for a full model,
+  /// every HF-named parameter. All names and shapes are checked before anything is copied.
+  void set_trainable_state(const std::string& model_id, const std::map<std::string, at::Tensor>& weights);
+  /// A frozen snapshot from saved factors ("<module>.lora_A.weight" / ".lora_B.weight") without using a
+  /// live slot: how a sampler checkpoint on disk becomes sampleable. Throws Conflict, InvalidArgument.
+  void load_snapshot(const std::string& snapshot_id, const lora::LoraConfig& lora_config,
+                     const std::map<std::string, at::Tensor>& weights);
+  /// A frozen full model for sampling (a full fine-tuning snapshot or a full sampler checkpoint).
+  void load_frozen_model(const std::string& snapshot_id, models::WeightMap weights);
+
   // ---- sampling (backend_sampling.cpp) ----
   /// Tokenizer facts for generation: EOS ids (stop by default) and every token's bytes (stop strings).
   void set_tokenizer_info(std::vector<int64_t> eos_tokens, std::vector<std::string> token_bytes);
-  /// Freezes an adapter's current weights as `snapshot_id` in host memory: sampling from the snapshot
+  /// Freezes a model's current weights as `snapshot_id` (adapter factors in host memory; a full model as a
+  /// frozen device copy): sampling from the snapshot
   /// is unaffected by later training. Throws NotFound, Conflict (id taken).
   void snapshot_adapter(const std::string& adapter_id, const std::string& snapshot_id);
   void remove_snapshot(const std::string& snapshot_id);
-  bool has_snapshot(const std::string& snapshot_id) const { return snapshots_.count(snapshot_id) > 0; }
+  bool has_snapshot(const std::string& snapshot_id) const {
+    return snapshots_.count(snapshot_id) > 0 || frozen_models_.count(snapshot_id) > 0;
+  }
   /// Queues a request (weights_id: "" base, live adapter, full model or snapshot). Returns its id.
   /// Throws InvalidArgument / NotFound; ResourceExhausted when every snapshot slot serves running requests.
   int64_t submit_sample(sampling::SampleRequest request);
@@ -87,6 +116,7 @@ class Backend {
   std::unique_ptr<models::CausalLM> model_;  // the shared base; LoRA adapters live in its slots
   lora::AdapterRegistry registry_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> full_models_;
+  std::map<std::string, std::unique_ptr<models::CausalLM>> frozen_models_;  // full-model snapshots (no grads)
   std::map<std::string, optim::AdamState> optimizers_;  // one per model id
 
   struct Snapshot {

@@ -15,11 +15,15 @@ void Backend::set_tokenizer_info(std::vector<int64_t> eos_tokens, std::vector<st
 
 void Backend::snapshot_adapter(const std::string& adapter_id, const std::string& snapshot_id) {
   SKYRL_TX_CHECK(!snapshot_id.empty() && !snapshots_.count(snapshot_id) && !registry_.contains(snapshot_id) &&
-                     !full_models_.count(snapshot_id),
+                     !full_models_.count(snapshot_id) && !frozen_models_.count(snapshot_id),
                  Conflict, "snapshot: id '", snapshot_id, "' is empty or already in use");
-  SKYRL_TX_CHECK(!full_models_.count(adapter_id), Unimplemented, "snapshot: model '", adapter_id,
-                 "' is fully fine-tuned; sampling snapshots of full models are not supported yet, "
-                 "sample the live model or export its weights");
+  if (auto full = full_models_.find(adapter_id); full != full_models_.end()) {
+    models::WeightMap weights;  // a frozen device copy: later optim_steps must not change what it samples
+    c10::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : full->second->named_parameters()) weights[name] = tensor.detach().clone();
+    load_frozen_model(snapshot_id, std::move(weights));
+    return;
+  }
   const int64_t slot = registry_.slot_of(adapter_id);
   SKYRL_TX_CHECK(slot != 0, InvalidArgument, "snapshot: name an adapter, not the base model");
   Snapshot snapshot;
@@ -34,6 +38,16 @@ void Backend::snapshot_adapter(const std::string& adapter_id, const std::string&
 }
 
 void Backend::remove_snapshot(const std::string& snapshot_id) {
+  if (auto frozen = frozen_models_.find(snapshot_id); frozen != frozen_models_.end()) {
+    auto generator = generators_.find(frozen->second.get());
+    if (generator != generators_.end()) {
+      SKYRL_TX_CHECK(generator->second->idle(), Conflict, "snapshot '", snapshot_id,
+                     "' is serving running sample requests; remove it once they finish");
+      generators_.erase(generator);  // it refers to the model being freed
+    }
+    frozen_models_.erase(frozen);
+    return;
+  }
   auto it = snapshots_.find(snapshot_id);
   SKYRL_TX_CHECK(it != snapshots_.end(), NotFound, "snapshot '", snapshot_id, "' not found");
   const int64_t slot = it->second.slot;
@@ -101,6 +115,7 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
 
 const models::CausalLM& Backend::sampling_model(const std::string& weights_id) const {
   if (auto full = full_models_.find(weights_id); full != full_models_.end()) return *full->second;
+  if (auto frozen = frozen_models_.find(weights_id); frozen != frozen_models_.end()) return *frozen->second;
   if (!snapshots_.count(weights_id)) registry_.slot_of(weights_id);  // "" = base; unknown ids throw NotFound
   return *model_;
 }
@@ -111,6 +126,8 @@ int64_t Backend::submit_sample(sampling::SampleRequest request) {
   const std::string& id = request.weights_id;
   if (auto full = full_models_.find(id); full != full_models_.end()) {
     model = full->second.get();
+  } else if (auto frozen = frozen_models_.find(id); frozen != frozen_models_.end()) {
+    model = frozen->second.get();
   } else if (snapshots_.count(id)) {
     slot = resident_slot(id);
   } else {

@@ -11,6 +11,11 @@ namespace skyrl_tx::bindings {
 void bind_backend(py::module_& m) {
   using backend::Backend;
   using Release = py::call_guard<py::gil_scoped_release>;
+  py::class_<backend::OptimizerState>(m, "OptimizerState")
+      .def(py::init<>())
+      .def_readwrite("step", &backend::OptimizerState::step)
+      .def_readwrite("exp_avg", &backend::OptimizerState::exp_avg)
+      .def_readwrite("exp_avg_sq", &backend::OptimizerState::exp_avg_sq);
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def(py::init<const models::ModelConfig&, const backend::BackendConfig&, models::WeightMap>(),
            py::arg("model_config"), py::arg("config"), py::arg("weights"), Release())
@@ -33,6 +38,12 @@ void bind_backend(py::module_& m) {
       .def("remove_snapshot", &Backend::remove_snapshot, py::arg("snapshot_id"), Release())
       .def("has_snapshot", &Backend::has_snapshot, py::arg("snapshot_id"))
       .def("submit_sample", &Backend::submit_sample, py::arg("request"), Release())
+      .def("optimizer_state", &Backend::optimizer_state, py::arg("model_id"), Release())
+      .def("set_optimizer_state", &Backend::set_optimizer_state, py::arg("model_id"), py::arg("state"), Release())
+      .def("set_trainable_state", &Backend::set_trainable_state, py::arg("model_id"), py::arg("weights"), Release())
+      .def("load_snapshot", &Backend::load_snapshot, py::arg("snapshot_id"), py::arg("lora_config"),
+           py::arg("weights"), Release())
+      .def("load_frozen_model", &Backend::load_frozen_model, py::arg("snapshot_id"), py::arg("weights"), Release())
       .def("sample_step", &Backend::sample_step, Release())
       .def("sampling_idle", &Backend::sampling_idle)
       .def("sample", &Backend::sample, py::arg("requests"), Release())

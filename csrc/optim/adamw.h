@@ -39,6 +39,11 @@ class AdamState {
   int64_t num_steps() const { return step_; }
   /// Moments by tensor name (exp_avg, exp_avg_sq), for checkpoints.
   const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments() const { return moments_; }
+  /// Replaces the whole state (a checkpoint restore); the caller has checked names and shapes.
+  void restore(int64_t step, std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments) {
+    step_ = step;
+    moments_ = std::move(moments);
+  }
 
  private:
   int64_t step_ = 0;

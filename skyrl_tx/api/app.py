@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,10 +14,11 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from skyrl_tx.api.errors import error_response, install_error_handlers
-from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training
+from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training, training_runs
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
+from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.runner import EngineRunner
 
@@ -31,7 +33,8 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
     engine = make_engine(database_url)
     session_factory = make_session_factory(engine)
     waiters = FutureWaiters()
-    runner = EngineRunner(backend_factory, session_factory, on_finished=waiters.notify_threadsafe,
+    store = CheckpointStore(settings.checkpoints_base or default_checkpoints_base(), settings.checkpoints_storage_options)
+    runner = EngineRunner(backend_factory, session_factory, store, model_dir, on_finished=waiters.notify_threadsafe,
                           session_timeout_s=settings.session_timeout_s)
 
     @asynccontextmanager
@@ -50,6 +53,8 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.waiters = waiters
+    app.state.store = store
+    app.state.download_secret = secrets.token_bytes(32)  # signs checkpoint download URLs of this server run
     app.state.wake_engine = runner.wake
     app.state.model_dir = model_dir
     app.state.architecture = architecture
@@ -63,6 +68,7 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
                                   f"{settings.max_request_bytes}; send fewer datums per call")
         return await call_next(request)
 
-    for router in (service.router, training.router, sampling.router, futures.router, checkpoints.router):
+    for router in (service.router, training.router, sampling.router, futures.router, checkpoints.router,
+                   training_runs.router):
         app.include_router(router)
     return app

@@ -80,12 +80,8 @@ class NativeBackend:
         self._core.remove_adapter(adapter_id)
 
     def set_adapter_weights(self, adapter_id: str, state_dict: dict[str, torch.Tensor]) -> None:
-        """Accepts PEFT state-dict names (with or without the 'base_model.model.' prefix).
-
-        PEFT also saves `<module>.base_layer.weight` when lm_head is a target (save_embedding_layers, meant
-        for resized vocabularies); the base model never changes here, so those copies are skipped."""
-        stripped = {k.removeprefix(PEFT_PREFIX): v for k, v in state_dict.items() if not k.endswith(".base_layer.weight")}
-        self._core.set_adapter_weights(adapter_id, stripped)
+        """Accepts PEFT state-dict names (with or without the 'base_model.model.' prefix)."""
+        self._core.set_adapter_weights(adapter_id, _core_names(state_dict))
 
     def adapter_state_dict(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """PEFT-named factors (what adapter_model.safetensors holds)."""
@@ -142,6 +138,36 @@ class NativeBackend:
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
         return _peft_names(self._core.trainable_grads(model_id))
 
+    # ---- checkpoint state -----------------------------------------------------------------------
+    def set_trainable_state(self, model_id: str, weights: dict[str, torch.Tensor]) -> None:
+        """Inverse of trainable_state (PEFT or HF names); every name and shape is checked first."""
+        self._core.set_trainable_state(model_id, _core_names(weights))
+
+    def optimizer_state(self, model_id: str):
+        """The model's AdamW state (extension OptimizerState: step, exp_avg, exp_avg_sq by core name)."""
+        return self._core.optimizer_state(model_id)
+
+    def set_optimizer_state(self, model_id: str, step: int, exp_avg: dict[str, torch.Tensor],
+                            exp_avg_sq: dict[str, torch.Tensor]) -> None:
+        state = load_extension().OptimizerState()
+        state.step, state.exp_avg, state.exp_avg_sq = int(step), _core_names(exp_avg), _core_names(exp_avg_sq)
+        self._core.set_optimizer_state(model_id, state)
+
+    def load_snapshot(self, snapshot_id: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: float,
+                      train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> None:
+        """A sampleable frozen adapter from saved factors (no live slot needed)."""
+        cfg = load_extension().LoraConfig()
+        cfg.rank, cfg.alpha, cfg.seed = rank, float(alpha), 0
+        cfg.train_attn, cfg.train_mlp, cfg.train_unembed = train_attn, train_mlp, train_unembed
+        self._core.load_snapshot(snapshot_id, cfg, _core_names(weights))
+
+    def load_frozen_model(self, snapshot_id: str, weights: dict[str, torch.Tensor]) -> None:
+        """A sampleable frozen full model from HF-named weights."""
+        self._core.load_frozen_model(snapshot_id, dict(weights))
+
+    def has_snapshot(self, snapshot_id: str) -> bool:
+        return self._core.has_snapshot(snapshot_id)
+
     # ---- sampling -------------------------------------------------------------------------------
     def snapshot(self, model_id: str, snapshot_id: str) -> None:
         """Freezes the adapter's current weights; sampling `snapshot_id` ignores later training."""
@@ -170,6 +196,12 @@ class NativeBackend:
         ids = list(adapter_ids) if adapter_ids is not None else [""] * len(input_tokens)
         return self._core.token_logprobs([_as_token_tensor(t) for t in input_tokens],
                                          [_as_token_tensor(t) for t in target_tokens], ids)
+
+
+def _core_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """PEFT names → the core's module names. PEFT's `<module>.base_layer.weight` copies (saved when lm_head is
+    a target, meant for resized vocabularies) are skipped: the base model never changes here."""
+    return {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if not k.endswith(".base_layer.weight")}
 
 
 def _peft_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -99,6 +99,7 @@ class FutureStatus(StrEnum):
 class CheckpointKind(StrEnum):
     WEIGHTS = "weights"
     SAMPLER_WEIGHTS = "sampler_weights"
+    EXTERNAL_WEIGHTS = "external_weights"
 
 
 class CheckpointStatus(StrEnum):
@@ -110,7 +111,7 @@ class CheckpointStatus(StrEnum):
 
 # FutureRecord.request_type values (the Tinker operations a future can carry).
 REQUEST_TYPES = frozenset({
-    "create_model", "forward", "forward_backward", "optim_step", "save_weights",
+    "create_model", "forward", "forward_backward", "optim_step", "save_weights", "save_weights_external",
     "save_weights_for_sampler", "load_weights", "sample", "unload_model",
 })
 
@@ -203,6 +204,9 @@ class CheckpointRecord(Base):
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
+    # skyrl_tx.checkpoints.formats.ModelMeta as JSON: what loading it needs, without reading the store
+    model_meta: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
 
 
 class SamplingSessionRecord(Base):

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor
+from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -34,9 +35,10 @@ def _error(exc: BaseException) -> dict[str, Any]:
 class EngineLoop:
     """Single owner of the backend. `notify(ids)` is told which futures just finished."""
 
-    def __init__(self, backend: Any, session_factory: sessionmaker[Session],
+    def __init__(self, backend: Any, session_factory: sessionmaker[Session], checkpointer: Checkpointer,
                  notify: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
         self.backend = backend
+        self.checkpointer = checkpointer
         self.sessions = session_factory
         self.notify = notify
         self.session_timeout_s = session_timeout_s
@@ -69,11 +71,13 @@ class EngineLoop:
                     session.status = SessionStatus.EXPIRED.value
         for model_id in unloaded:
             log.info("session timeout: unloaded model %s", model_id)
+        self.checkpointer.expire()
         return unloaded
 
     def recover(self) -> None:
         """At start: a future left 'running' by a dead loop may or may not have run; fail it rather than
         risk running it twice. Sampling futures have no side effects, so those simply run again."""
+        self.checkpointer.recover()
         interrupted = {"category": "server", "code": "internal",
                        "message": "the engine stopped while running this request; retry it"}
         with self.sessions.begin() as db:
@@ -163,6 +167,10 @@ class EngineLoop:
             return {"metrics": self.backend.optim_step(request["model_id"], executor.adam_params(request))}
         if f.request_type == "save_weights_for_sampler":
             return self._save_for_sampler(f)
+        if f.request_type in ("save_weights", "save_weights_external"):
+            return {**self.checkpointer.save(request), "type": f.request_type}
+        if f.request_type == "load_weights":
+            return self.checkpointer.load_into(request["model_id"], request["path"], bool(request["optimizer"]))
         if f.request_type == "unload_model":
             self.backend.remove_model(request["model_id"])
             with self.sessions.begin() as db:
@@ -173,6 +181,12 @@ class EngineLoop:
     def _save_for_sampler(self, f: FutureRecord) -> dict[str, Any]:
         request = f.request
         snapshot_id = request.get("sampling_session_id") or request["path"]
+        if not request.get("sampling_session_id"):  # named: on disk (PEFT / HF format) and in memory
+            result = self.checkpointer.save(request)
+            if self.backend.has_snapshot(snapshot_id):  # an overwrite: the old frozen weights are stale
+                self.backend.remove_snapshot(snapshot_id)
+            self.backend.snapshot(request["model_id"], snapshot_id)
+            return result
         self.backend.snapshot(request["model_id"], snapshot_id)
         if request.get("sampling_session_id"):
             with self.sessions.begin() as db:
@@ -190,14 +204,25 @@ class EngineLoop:
         self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA, seed=seed,
                                   train_attn=r["train_attn"], train_mlp=r["train_mlp"],
                                   train_unembed=r["train_unembed"])
+        result: dict[str, Any] = {"model_id": r["model_id"]}
+        if r.get("load"):  # create_training_client_from_state: the model starts from a checkpoint
+            try:
+                result = self.checkpointer.load_into(r["model_id"], r["load"]["path"], bool(r["load"]["optimizer"]),
+                                                     fresh=True)
+            except Exception:
+                self.backend.remove_model(r["model_id"])
+                with self.sessions.begin() as db:
+                    db.get(ModelRecord, r["model_id"]).status = ModelStatus.FAILED.value
+                raise
         with self.sessions.begin() as db:
             db.get(ModelRecord, r["model_id"]).status = ModelStatus.READY.value
-        return {"model_id": r["model_id"]}
+        return result
 
     # ---- sampling ------------------------------------------------------------------------------
     def _submit_sample(self, f: FutureRecord) -> None:
         self._mark_running([f])
         try:
+            self.checkpointer.ensure_snapshot(f.request.get("weights_id", ""))
             self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f.id
         except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
             self._finish(f, error=_error(exc))

@@ -6,10 +6,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from skyrl_tx.checkpoints.store import CheckpointStore
+from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import EngineLoop
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -22,8 +25,11 @@ class EngineRunner:
     """Owns the backend (built in the engine thread, so only that thread ever touches it)."""
 
     def __init__(self, backend_factory: Callable[[], Any], session_factory: sessionmaker[Session],
+                 store: CheckpointStore, model_dir: Path,
                  on_finished: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
         self._backend_factory = backend_factory
+        self._store = store
+        self._model_dir = model_dir
         self._sessions = session_factory
         self._on_finished = on_finished
         self._session_timeout_s = session_timeout_s
@@ -53,7 +59,9 @@ class EngineRunner:
             log.exception("engine: loading the backend failed")
             self.ready.set()
             return
-        loop = EngineLoop(backend, self._sessions, notify=self._on_finished, session_timeout_s=self._session_timeout_s)
+        checkpointer = Checkpointer(backend, self._store, self._sessions, self._model_dir)
+        loop = EngineLoop(backend, self._sessions, checkpointer, notify=self._on_finished,
+                          session_timeout_s=self._session_timeout_s)
         loop.recover()
         self.ready.set()
         next_sweep = time.monotonic() + SWEEP_EVERY_S

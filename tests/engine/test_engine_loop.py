@@ -12,6 +12,8 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.db import migrate
 from skyrl_tx.db.models import FutureRecord, ModelRecord, SessionRecord, request_hash
 from skyrl_tx.db.session import make_engine, make_session_factory
+from skyrl_tx.checkpoints.store import CheckpointStore
+from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import EngineLoop
 
 DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
@@ -23,8 +25,11 @@ DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
 def loop(tmp_path, tiny_model_dir) -> EngineLoop:
     url = f"sqlite:///{tmp_path / 'engine.db'}"
     migrate.upgrade(url)
-    backend = NativeBackend(tiny_model_dir("tiny-qwen3"), BackendSettings(max_lora_adapters=2))
-    return EngineLoop(backend, make_session_factory(make_engine(url)), session_timeout_s=60)
+    model_dir = tiny_model_dir("tiny-qwen3")
+    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=2))
+    sessions = make_session_factory(make_engine(url))
+    checkpointer = Checkpointer(backend, CheckpointStore(str(tmp_path / "checkpoints")), sessions, model_dir)
+    return EngineLoop(backend, sessions, checkpointer, session_timeout_s=60)
 
 
 def add(loop: EngineLoop, *rows) -> None:

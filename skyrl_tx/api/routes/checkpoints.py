@@ -1,21 +1,127 @@
-"""Checkpoint endpoints the server does not implement yet: a clear 400 instead of a bare 404 or a retry loop."""
+"""Checkpoint requests of a training client: save_weights, save_weights_external, load_weights, weights_info."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
 
-from skyrl_tx.errors import InvalidArgumentError
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.checkpoints.formats import ModelMeta
+from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
+from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord, SessionRecord
+from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
 
-NOT_YET = ("checkpoints on disk (save_state / load_state / weights_info / training runs) are not implemented "
-           "by this server yet; save_weights_for_sampler and save_weights_and_get_sampling_client work")
+MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600  # the SDK's documented range
+
+
+class SaveWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_id: str
+    path: str | None = None
+    seq_id: int
+    ttl_seconds: int | None = None
+    overwrite: bool = False
+    user_metadata: dict[str, str] | None = None
+
+
+class LoadWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    path: str
+    optimizer: bool = False
+    model_id: str | None = None  # legacy: load into an existing, untrained model (with seq_id)
+    seq_id: int | None = None
+    session_id: str | None = None  # create-via-load: a new model <session_id>:train:<model_seq_id>
+    model_seq_id: int | None = None
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+    optimizer_config: dict[str, Any] | None = None
+
+
+class WeightsInfoRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tinker_path: str
+
+
+def check_ttl(ttl_seconds: int | None, what: str) -> None:
+    if ttl_seconds is not None and not MIN_TTL_S <= ttl_seconds <= MAX_TTL_S:
+        raise InvalidArgumentError(f"{what}: ttl_seconds must be between {MIN_TTL_S} (1 hour) and {MAX_TTL_S} "
+                                   f"(10 years), or null for no expiry (got {ttl_seconds})")
+
+
+def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: str, request_type: str) -> dict:
+    require_model(db, body.model_id)
+    name = validate_name(body.path, request_type)
+    check_ttl(body.ttl_seconds, request_type)
+    job = {"model_id": body.model_id, "path": str(TinkerPath(body.model_id, kind, name)),
+           "overwrite": body.overwrite, "ttl_seconds": body.ttl_seconds, "user_metadata": body.user_metadata}
+    future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type=request_type,
+                              body=job, model_id=body.model_id, seq_id=body.seq_id)
+    return {"request_id": future_id, "model_id": body.model_id}
 
 
 @router.post("/save_weights")
-@router.post("/load_weights")
+def save_weights(body: SaveWeightsRequest, request: Request, db: DbDep) -> dict[str, str]:
+    return submit_save(request, db, body, "weights", "save_weights")
+
+
 @router.post("/save_weights_external")
+def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep) -> dict[str, str]:
+    return submit_save(request, db, body, "external_weights", "save_weights_external")
+
+
+def checkpoint_meta(db: Session, path: TinkerPath, what: str) -> tuple[CheckpointRecord, ModelMeta]:
+    record = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path),
+                                                      CheckpointRecord.status == CheckpointStatus.READY.value))
+    if record is None or not record.model_meta:
+        raise NotFoundError(f"{what}: checkpoint {path} not found (never saved, deleted, expired, or its save failed)")
+    return record, ModelMeta.from_json(record.model_meta)
+
+
+@router.post("/load_weights")
+def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
+    path = TinkerPath.parse(body.path, "load_weights: path")
+    if path.kind != "weights":
+        raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a training "
+                                   "checkpoint (tinker://<run>/weights/<name>, written by save_state)")
+    _, meta = checkpoint_meta(db, path, "load_weights")
+    job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
+    if body.session_id is None:  # legacy addressing: an existing model
+        if body.model_id is None or body.seq_id is None:
+            raise InvalidArgumentError("load_weights: give session_id + model_seq_id (new model) or model_id + seq_id")
+        require_model(db, body.model_id)
+        future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
+                                  body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
+        return {"request_id": future_id, "model_id": body.model_id}
+    if db.get(SessionRecord, body.session_id) is None:
+        raise NotFoundError(f"load_weights: session {body.session_id!r} not found; create a session first")
+    base_model = body.base_model or meta.base_model
+    if not settings.serves(base_model):
+        raise InvalidArgumentError(f"load_weights: the checkpoint's base model {base_model!r} is not served here "
+                                   "(start the server with it as --base-model or --model-alias)")
+    model_id = f"{body.session_id}:train:{body.model_seq_id or 0}"
+    lora = {"rank": meta.lora_rank, "seed": meta.seed, "train_attn": meta.train_attn, "train_mlp": meta.train_mlp,
+            "train_unembed": meta.train_unembed}
+    record = None if db.get(ModelRecord, model_id) else ModelRecord(
+        id=model_id, session_id=body.session_id, base_model=base_model, lora_rank=meta.lora_rank, lora_config=lora,
+        user_metadata=body.user_metadata or {})
+    create = {"model_id": model_id, "lora_rank": meta.lora_rank, "seed": meta.seed or 0, "train_attn": meta.train_attn,
+              "train_mlp": meta.train_mlp, "train_unembed": meta.train_unembed, "load": job}
+    future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=create,
+                              session_id=body.session_id, extra_rows=(record,) if record else ())
+    return {"request_id": future_id, "model_id": model_id}
+
+
 @router.post("/weights_info")
-def not_implemented() -> None:
-    # A 4xx: the SDK retries 5xx (and 501) for minutes, but raises a 400 to the caller at once.
-    raise InvalidArgumentError(NOT_YET)
+def weights_info(body: WeightsInfoRequest, db: DbDep) -> dict[str, Any]:
+    path = TinkerPath.parse(body.tinker_path, "weights_info: tinker_path")
+    _, meta = checkpoint_meta(db, path, "weights_info")
+    return {"base_model": meta.base_model, "is_lora": meta.is_lora, "lora_rank": meta.lora_rank or None,
+            "train_unembed": meta.train_unembed, "train_mlp": meta.train_mlp, "train_attn": meta.train_attn,
+            "optimizer_config": {"type": "adamw"}}

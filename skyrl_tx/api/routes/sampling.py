@@ -6,11 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.submit import require_model, submit_future
-from skyrl_tx.db.models import FutureRecord, SamplingSessionRecord, SessionRecord
+from skyrl_tx.api.routes.checkpoints import check_ttl, checkpoint_meta
+from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
+from skyrl_tx.db.models import SamplingSessionRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -23,6 +24,8 @@ class SaveForSamplerRequest(BaseModel):
     path: str | None = None
     sampling_session_seq_id: int | None = None
     kind: str = "snapshot"
+    ttl_seconds: int | None = None
+    user_metadata: dict[str, str] | None = None
 
 
 class CreateSamplingSessionRequest(BaseModel):
@@ -75,9 +78,10 @@ def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: 
     if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
         job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
     elif body.path:
-        if "/" in body.path or not body.path.strip():
-            raise InvalidArgumentError(f"save_weights_for_sampler: name {body.path!r} must be non-empty, without '/'")
-        job["path"] = f"tinker://{body.model_id}/sampler_weights/{body.path}"
+        name = validate_name(body.path, "save_weights_for_sampler")
+        check_ttl(body.ttl_seconds, "save_weights_for_sampler")
+        job |= {"path": str(TinkerPath(body.model_id, "sampler_weights", name)), "ttl_seconds": body.ttl_seconds,
+                "user_metadata": body.user_metadata}
     else:
         raise InvalidArgumentError("save_weights_for_sampler: give a name (path) or a sampling_session_seq_id")
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
@@ -95,16 +99,12 @@ def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, setti
         return {"sampling_session_id": sampler_id}
     snapshot_id, model_id, base_model = None, None, body.base_model or settings.base_model
     if body.model_path:
-        # tinker://<model_id>/sampler_weights/<name>: only that model's completed saves can match.
-        saved_by = body.model_path.removeprefix("tinker://").split("/", 1)[0]
-        saves = db.scalars(select(FutureRecord).where(FutureRecord.model_id == saved_by,
-                                                     FutureRecord.request_type == "save_weights_for_sampler",
-                                                     FutureRecord.status == "completed"))
-        match = next((f for f in saves if (f.result or {}).get("path") == body.model_path), None)
-        if match is None:
-            raise NotFoundError(f"create_sampling_session: model_path {body.model_path!r} is not a sampler checkpoint "
-                                "saved on this server (save_weights_for_sampler with a name first)")
-        snapshot_id, model_id = body.model_path, match.model_id
+        path = TinkerPath.parse(body.model_path, "create_sampling_session: model_path")
+        if path.kind != "sampler_weights":
+            raise InvalidArgumentError(f"create_sampling_session: {path} is a {path.checkpoint_type} checkpoint; "
+                                       "sample from sampler weights (save_weights_for_sampler)")
+        record, meta = checkpoint_meta(db, path, "create_sampling_session")
+        snapshot_id, model_id, base_model = str(path), record.model_id, meta.base_model
     elif not settings.serves(base_model):
         raise InvalidArgumentError(f"create_sampling_session: base_model {base_model!r} is not served here")
     db.add(SamplingSessionRecord(id=sampler_id, session_id=body.session_id, base_model=base_model,

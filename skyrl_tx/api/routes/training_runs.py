@@ -1,0 +1,168 @@
+"""REST for runs and checkpoints (the SDK's RestClient and the `tinker` CLI): list, delete, ttl, downloads."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from skyrl_tx.api.deps import DbDep
+from skyrl_tx.api.routes.checkpoints import check_ttl
+from skyrl_tx.checkpoints.paths import TinkerPath
+from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord
+from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+
+router = APIRouter(prefix="/api/v1")
+
+URL_LIFETIME_S = 3600  # signed download URLs stay valid this long
+OWNER = "local"  # a self-hosted server has one owner: whoever can reach it
+
+
+class TtlRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    ttl_seconds: int | None = None
+
+
+def checkpoint_json(row: CheckpointRecord) -> dict[str, Any]:
+    path = TinkerPath(row.model_id, row.kind, row.name)
+    return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": path.checkpoint_type,
+            "time": row.created_at.isoformat(), "tinker_path": row.tinker_path, "size_bytes": row.size_bytes,
+            "public": False, "user_metadata": row.user_metadata, "expires_at":
+            row.expires_at.isoformat() if row.expires_at else None}
+
+
+def _listed():
+    return select(CheckpointRecord).where(CheckpointRecord.status == CheckpointStatus.READY.value)
+
+
+def _run_json(db: Session, model: ModelRecord) -> dict[str, Any]:
+    latest = {}
+    for kind in ("weights", "sampler_weights"):
+        row = db.scalar(_listed().where(CheckpointRecord.model_id == model.id, CheckpointRecord.kind == kind)
+                        .order_by(CheckpointRecord.created_at.desc()).limit(1))
+        latest[kind] = checkpoint_json(row) if row else None
+    metadata = {str(k): str(v) for k, v in (model.user_metadata or {}).items()} or None
+    return {"training_run_id": model.id, "base_model": model.base_model, "model_owner": OWNER,
+            "is_lora": model.lora_rank > 0, "lora_rank": model.lora_rank or None, "corrupted": False,
+            "last_request_time": (model.last_request_at or model.created_at).isoformat(),
+            "last_checkpoint": latest["weights"], "last_sampler_checkpoint": latest["sampler_weights"],
+            "user_metadata": metadata}
+
+
+def _page(limit: int, offset: int) -> tuple[int, int]:
+    if limit < 1 or limit > 1000 or offset < 0:
+        raise InvalidArgumentError(f"limit must be in [1, 1000] and offset >= 0 (got limit={limit}, offset={offset})")
+    return limit, offset
+
+
+@router.get("/training_runs")
+def list_training_runs(db: DbDep, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    limit, offset = _page(limit, offset)
+    total = db.scalar(select(func.count()).select_from(ModelRecord))
+    models = db.scalars(select(ModelRecord).order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
+    return {"training_runs": [_run_json(db, m) for m in models],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+
+@router.get("/training_runs/{run_id}")
+def get_training_run(run_id: str, db: DbDep) -> dict[str, Any]:
+    model = db.get(ModelRecord, run_id)
+    if model is None:
+        raise NotFoundError(f"training run {run_id!r} not found")
+    return _run_json(db, model)
+
+
+@router.get("/training_runs/{run_id}/checkpoints")
+def list_run_checkpoints(run_id: str, db: DbDep) -> dict[str, Any]:
+    if db.get(ModelRecord, run_id) is None:
+        raise NotFoundError(f"training run {run_id!r} not found")
+    rows = db.scalars(_listed().where(CheckpointRecord.model_id == run_id).order_by(CheckpointRecord.created_at))
+    return {"checkpoints": [checkpoint_json(r) for r in rows], "cursor": None}
+
+
+@router.get("/checkpoints")
+def list_all_checkpoints(db: DbDep, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    limit, offset = _page(limit, offset)
+    total = db.scalar(select(func.count()).select_from(_listed().subquery()))
+    rows = db.scalars(_listed().order_by(CheckpointRecord.created_at.desc()).limit(limit).offset(offset))
+    return {"checkpoints": [checkpoint_json(r) for r in rows],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+
+def _ready(db: Session, run_id: str, kind: str, name: str) -> CheckpointRecord:
+    path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
+    row = db.scalar(_listed().where(CheckpointRecord.tinker_path == str(path)))
+    if row is None:
+        raise NotFoundError(f"checkpoint {path} not found")
+    return row
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}")
+def delete_bare_checkpoint_id(run_id: str, checkpoint_id: str) -> None:
+    TinkerPath.from_checkpoint_id(run_id, checkpoint_id)  # always raises: the kind is missing
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: DbDep) -> None:
+    row = _ready(db, run_id, kind, name)
+    row.status = CheckpointStatus.DELETED.value  # unlisted first: a reader never sees a half-deleted checkpoint
+    db.commit()
+    request.app.state.store.delete(row.storage_uri)
+
+
+@router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: DbDep) -> None:
+    check_ttl(body.ttl_seconds, "set ttl")
+    row = _ready(db, run_id, kind, name)
+    row.expires_at = (datetime.now(timezone.utc) + timedelta(seconds=body.ttl_seconds)
+                      if body.ttl_seconds is not None else None)
+    db.commit()
+
+
+@router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+def publish_checkpoint(run_id: str, kind: str, name: str) -> None:
+    raise InvalidArgumentError("publish: not supported by a self-hosted server; every client of this server can "
+                               "already read every checkpoint by its tinker:// path")
+
+
+def _signature(secret: bytes, checkpoint: int, file: str, expires: int) -> str:
+    return hmac.new(secret, f"{checkpoint}/{file}/{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+@router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+def external_weights_urls(run_id: str, kind: str, name: str, request: Request, db: DbDep) -> dict[str, Any]:
+    row = _ready(db, run_id, kind, name)
+    expires = int(time.time()) + URL_LIFETIME_S
+    secret = request.app.state.download_secret
+    base = str(request.base_url).rstrip("/")
+    urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&"
+                  f"sig={_signature(secret, row.id, file, expires)}"
+            for file in request.app.state.store.files(row.storage_uri)}
+    return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
+
+
+@router.get("/checkpoint_files/{checkpoint}/{file:path}")
+def download_checkpoint_file(checkpoint: int, file: str, expires: int, sig: str, request: Request,
+                             db: DbDep) -> StreamingResponse:
+    """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory."""
+    expected = _signature(request.app.state.download_secret, checkpoint, file, expires)
+    if not hmac.compare_digest(expected, sig) or expires < time.time():
+        raise InvalidArgumentError("download: the URL's signature is invalid or expired; request new URLs")
+    row = db.get(CheckpointRecord, checkpoint)
+    if row is None or row.status != CheckpointStatus.READY.value:
+        raise NotFoundError("download: the checkpoint was deleted")
+    store = request.app.state.store
+    size = store.files(row.storage_uri).get(file)
+    if size is None:
+        raise NotFoundError(f"download: {file!r} is not a file of {row.tinker_path}")
+    return StreamingResponse(store.open_stream(row.storage_uri, file), media_type="application/octet-stream",
+                             headers={"Content-Length": str(size)})

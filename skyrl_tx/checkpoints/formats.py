@@ -1,0 +1,130 @@
+"""Checkpoint file formats: PEFT adapters, Hugging Face model directories, optimizer state, our metadata.
+
+Every checkpoint directory holds `skyrl_state.json` (ModelMeta) so it can be loaded without the database.
+- weights (training state): the trainable tensors (adapter_model.safetensors for LoRA, model.safetensors
+  for full fine-tuning) + optimizer.safetensors (AdamW moments, step in the metadata).
+- sampler_weights / external_weights: a PEFT adapter (adapter_config.json + adapter_model.safetensors), or
+  for full fine-tuning a Hugging Face model directory (config.json, model.safetensors, tokenizer files),
+  which transformers / PEFT load as is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from skyrl_tx.errors import InvalidArgumentError
+
+FORMAT_VERSION = 1
+STATE_FILE = "skyrl_state.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+MODEL_WEIGHTS = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+# Files copied from the base model into a full Hugging Face export, so it loads (and tokenizes) on its own.
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+TARGET_GROUPS = {"train_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                 "train_mlp": ("gate_proj", "up_proj", "down_proj"),
+                 "train_unembed": ("lm_head",)}
+
+ReadFile = Callable[[str], bytes]  # file name in the checkpoint directory → its bytes
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What a checkpoint needs to be loaded again: the model's shape, not its values."""
+
+    base_model: str
+    lora_rank: int  # 0 = full fine-tuning
+    lora_alpha: float
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    seed: int | None = None
+    optimizer_step: int = 0
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ModelMeta:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in fields})
+
+    def target_modules(self) -> list[str]:
+        return [m for flag, modules in TARGET_GROUPS.items() if getattr(self, flag) for m in modules]
+
+
+def json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+
+
+def peft_adapter_config(meta: ModelMeta) -> dict[str, Any]:
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": meta.base_model,
+            "r": meta.lora_rank, "lora_alpha": meta.lora_alpha, "lora_dropout": 0.0, "bias": "none",
+            "target_modules": meta.target_modules(), "fan_in_fan_out": False, "inference_mode": True,
+            "use_rslora": False, "use_dora": False, "init_lora_weights": True, "modules_to_save": None}
+
+
+def optimizer_files(state: Any) -> dict[str, bytes]:
+    """state: the extension's OptimizerState (step, exp_avg, exp_avg_sq)."""
+    tensors = {f"exp_avg.{k}": v.contiguous() for k, v in state.exp_avg.items()}
+    tensors |= {f"exp_avg_sq.{k}": v.contiguous() for k, v in state.exp_avg_sq.items()}
+    return {OPTIMIZER_FILE: save_safetensors(tensors, metadata={"step": str(int(state.step))})}
+
+
+def read_optimizer(read: ReadFile) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    raw = read(OPTIMIZER_FILE)
+    tensors = load_safetensors(raw)
+    step = int(_safetensors_metadata(raw).get("step", "0"))
+    exp_avg = {k.removeprefix("exp_avg."): v for k, v in tensors.items() if k.startswith("exp_avg.")}
+    exp_avg_sq = {k.removeprefix("exp_avg_sq."): v for k, v in tensors.items() if k.startswith("exp_avg_sq.")}
+    return step, exp_avg, exp_avg_sq
+
+
+def _safetensors_metadata(raw: bytes) -> dict[str, str]:
+    # safetensors layout: 8-byte little-endian header length, then the JSON header with "__metadata__".
+    header_len = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + header_len]).get("__metadata__", {}) or {}
+
+
+def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight')."""
+    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta)),
+            ADAPTER_WEIGHTS: save_safetensors({k: v.contiguous() for k, v in peft_state.items()})}
+
+
+def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    """A Hugging Face model directory: the base model's config and tokenizer files + these weights."""
+    files = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES if (base_model_dir / name).is_file()}
+    files[MODEL_WEIGHTS] = save_safetensors({k: v.contiguous() for k, v in weights.items()})
+    return files
+
+
+def read_meta(read: ReadFile) -> ModelMeta:
+    try:
+        raw = json.loads(read(STATE_FILE))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"checkpoint: {STATE_FILE} is not valid JSON ({exc})") from exc
+    if raw.get("format_version", 0) > FORMAT_VERSION:
+        raise InvalidArgumentError(f"checkpoint: format version {raw['format_version']} is newer than this server "
+                                   f"understands ({FORMAT_VERSION}); upgrade skyrl_tx")
+    return ModelMeta.from_json(raw)
+
+
+def read_weights(read: ReadFile, meta: ModelMeta) -> dict[str, torch.Tensor]:
+    """Trainable tensors: PEFT-named factors for LoRA, HF-named parameters for full fine-tuning."""
+    return load_safetensors(read(ADAPTER_WEIGHTS if meta.is_lora else MODEL_WEIGHTS))

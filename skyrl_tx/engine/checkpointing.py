@@ -1,0 +1,189 @@
+"""Checkpointer: the engine's save and load operations (backend state ↔ CheckpointStore, rows in the DB).
+
+A checkpoint row is "writing" while its files are written and becomes "ready" (listed) only after the
+store has published the complete directory; a failed save leaves it "failed" and never listed. Saving
+reads the model's state without changing it, so a failed save leaves training unaffected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from skyrl_tx.checkpoints import formats
+from skyrl_tx.checkpoints.formats import ModelMeta
+from skyrl_tx.checkpoints.paths import TinkerPath
+from skyrl_tx.checkpoints.store import CheckpointStore
+from skyrl_tx.engine import executor
+from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, FutureRecord, FutureStatus, ModelRecord
+from skyrl_tx.errors import ConflictError, InvalidArgumentError, NotFoundError
+
+log = logging.getLogger("skyrl_tx.engine")
+
+
+
+def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
+    lora = model.lora_config or {}
+    return ModelMeta(base_model=model.base_model, lora_rank=model.lora_rank, lora_alpha=executor.LORA_ALPHA,
+                     train_attn=bool(lora.get("train_attn", True)), train_mlp=bool(lora.get("train_mlp", True)),
+                     train_unembed=bool(lora.get("train_unembed", True)), seed=lora.get("seed"),
+                     optimizer_step=optimizer_step)
+
+
+def ready_checkpoint(db: Session, path: TinkerPath, what: str) -> CheckpointRecord:
+    record = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path),
+                                                      CheckpointRecord.status == CheckpointStatus.READY.value))
+    if record is None:
+        raise NotFoundError(f"{what}: checkpoint {path} not found (never saved, deleted, expired, or its save failed)")
+    return record
+
+
+class Checkpointer:
+    """Used only from the engine thread (it calls the backend)."""
+
+    def __init__(self, backend: Any, store: CheckpointStore, sessions: sessionmaker[Session], model_dir: Path):
+        self.backend = backend
+        self.store = store
+        self.sessions = sessions
+        self.model_dir = Path(model_dir)
+
+    # ---- saving -----------------------------------------------------------------------------------
+    def save(self, request: dict[str, Any]) -> dict[str, Any]:
+        """request: {model_id, path (tinker://...), overwrite?, ttl_seconds?, user_metadata?}."""
+        path = TinkerPath.parse(request["path"])
+        model_id = request["model_id"]
+        with self.sessions() as db:
+            model = db.get(ModelRecord, model_id)
+            if model is None:
+                raise NotFoundError(f"save: model {model_id!r} not found")
+            meta = model_meta(model)
+        files, meta = self._files(path.kind, model_id, meta)
+        record_id = self._begin(path, meta, request)
+        try:
+            size = self.store.publish(self.store.location(path), files, overwrite=bool(request.get("overwrite")))
+        except BaseException:
+            with self.sessions.begin() as db:
+                db.get(CheckpointRecord, record_id).status = CheckpointStatus.FAILED.value
+            raise
+        with self.sessions.begin() as db:
+            row = db.get(CheckpointRecord, record_id)
+            row.status, row.size_bytes = CheckpointStatus.READY.value, size
+        log.info("saved checkpoint %s (%d bytes)", path, size)
+        return {"path": str(path)}
+
+    def _files(self, kind: str, model_id: str, meta: ModelMeta) -> tuple[dict[str, bytes], ModelMeta]:
+        files: dict[str, bytes] = {}
+        state = self.backend.trainable_state(model_id)  # float32 CPU copies: PEFT names or HF names
+        if kind == "weights":
+            optimizer = self.backend.optimizer_state(model_id)
+            meta = dataclasses.replace(meta, optimizer_step=int(optimizer.step))
+            name = formats.ADAPTER_WEIGHTS if meta.is_lora else formats.MODEL_WEIGHTS
+            files[name] = formats.save_safetensors({k: v.contiguous() for k, v in state.items()})
+            files |= formats.optimizer_files(optimizer)
+            if meta.is_lora:
+                files[formats.ADAPTER_CONFIG] = formats.json_bytes(formats.peft_adapter_config(meta))
+        elif meta.is_lora:  # sampler / external: what PEFT loads as is
+            files |= formats.adapter_files(meta, state)
+        else:
+            files |= formats.hf_model_files(self.model_dir, state)
+        files[formats.STATE_FILE] = formats.json_bytes(meta.to_json())
+        return files, meta
+
+    def _begin(self, path: TinkerPath, meta: ModelMeta, request: dict[str, Any]) -> int:
+        """Claims the (model, kind, name) row as "writing"; an existing ready one needs overwrite."""
+        ttl = request.get("ttl_seconds")
+        expires_at = datetime.now(timezone.utc) + timedelta(seconds=int(ttl)) if ttl else None
+        with self.sessions.begin() as db:
+            row = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path)))
+            if row is not None and row.status == CheckpointStatus.READY.value and not request.get("overwrite"):
+                raise ConflictError(f"save: checkpoint {path} already exists; save with overwrite=True or pick "
+                                    "another name")
+            if row is None:
+                row = CheckpointRecord(model_id=path.training_run_id, kind=path.kind, name=path.name,
+                                       tinker_path=str(path), storage_uri=self.store.location(path))
+                db.add(row)
+            row.status, row.created_at, row.expires_at = CheckpointStatus.WRITING.value, datetime.now(timezone.utc), expires_at
+            row.user_metadata, row.model_meta = request.get("user_metadata"), meta.to_json()
+            row.storage_uri = self.store.location(path)
+            db.flush()
+            return row.id
+
+    # ---- loading ----------------------------------------------------------------------------------
+    def load_into(self, model_id: str, path_text: str, with_optimizer: bool, fresh: bool = False) -> dict[str, Any]:
+        """Restores a training checkpoint into `model_id` (weights, and AdamW state if asked)."""
+        path = TinkerPath.parse(path_text, "load_weights: path")
+        if path.kind != "weights":
+            raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a "
+                                       "training checkpoint (tinker://<run>/weights/<name>, from save_state)")
+        with self.sessions() as db:
+            record = ready_checkpoint(db, path, "load_weights")
+            location = record.storage_uri
+            if not fresh:
+                self._refuse_if_used(db, model_id)
+        read = lambda name: self.store.read(location, name)  # noqa: E731
+        meta = formats.read_meta(read)
+        self.backend.set_trainable_state(model_id, formats.read_weights(read, meta))
+        if with_optimizer:
+            step, exp_avg, exp_avg_sq = formats.read_optimizer(read)
+            self.backend.set_optimizer_state(model_id, step, exp_avg, exp_avg_sq)
+        return {"path": str(path), "model_id": model_id, "type": "load_weights"}
+
+    def _refuse_if_used(self, db: Session, model_id: str) -> None:
+        used = db.scalar(select(FutureRecord.id).where(
+            FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value,
+            FutureRecord.request_type.in_(("forward_backward", "optim_step", "load_weights"))).limit(1))
+        if used is not None:
+            raise ConflictError(f"load_weights: model {model_id} has already trained; loading over its state is "
+                                "refused. Create a new training client from the checkpoint "
+                                "(ServiceClient.create_training_client_from_state[_with_optimizer]) instead")
+
+    def ensure_snapshot(self, snapshot_id: str) -> None:
+        """Makes a sampler checkpoint sampleable (after a restart, or saved by another server process)."""
+        if not snapshot_id or self.backend.has_snapshot(snapshot_id) or not snapshot_id.startswith("tinker://"):
+            return
+        path = TinkerPath.parse(snapshot_id, "sample: model_path")
+        with self.sessions() as db:
+            location = ready_checkpoint(db, path, "sample").storage_uri
+        read = lambda name: self.store.read(location, name)  # noqa: E731
+        meta = formats.read_meta(read)
+        if meta.is_lora:
+            weights = formats.load_safetensors(read(formats.ADAPTER_WEIGHTS))
+            self.backend.load_snapshot(snapshot_id, weights, rank=meta.lora_rank, alpha=meta.lora_alpha,
+                                       train_attn=meta.train_attn, train_mlp=meta.train_mlp,
+                                       train_unembed=meta.train_unembed)
+        else:
+            self.backend.load_frozen_model(snapshot_id, formats.load_safetensors(read(formats.MODEL_WEIGHTS)))
+        log.info("loaded sampler checkpoint %s from %s", snapshot_id, location)
+
+    # ---- housekeeping -----------------------------------------------------------------------------
+    def recover(self) -> None:
+        """At engine start: saves that were writing when the engine died are failed, their files removed."""
+        with self.sessions.begin() as db:
+            for row in db.scalars(select(CheckpointRecord).where(
+                    CheckpointRecord.status == CheckpointStatus.WRITING.value)):
+                row.status = CheckpointStatus.FAILED.value
+                log.info("checkpoint %s was interrupted while writing; it is not listed", row.tinker_path)
+        removed = self.store.sweep_partials()
+        if removed:
+            log.info("removed %d partial checkpoint directories", removed)
+
+    def expire(self) -> list[str]:
+        """Deletes checkpoints past their ttl. Returns their paths."""
+        now = datetime.now(timezone.utc)
+        expired = []
+        with self.sessions.begin() as db:
+            for row in db.scalars(select(CheckpointRecord).where(
+                    CheckpointRecord.status == CheckpointStatus.READY.value, CheckpointRecord.expires_at.is_not(None),
+                    CheckpointRecord.expires_at < now)):
+                self.store.delete(row.storage_uri)
+                row.status = CheckpointStatus.DELETED.value
+                expired.append(row.tinker_path)
+        for p in expired:
+            log.info("checkpoint %s expired and was deleted", p)
+        return expired
