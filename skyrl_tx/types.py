@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-LOSS_FUNCTIONS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+LOSS_FUNCTIONS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce")
 
 
 @dataclass

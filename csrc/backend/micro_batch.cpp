@@ -14,14 +14,27 @@ namespace {
 // The head runs chunk by chunk; in training each chunk's loss is backpropagated at once into
 // hidden.grad and the lm_head parameters, so only one [chunk, vocab] block of logits is ever alive.
 MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidden, const batching::PackedBatch& batch,
-                          const loss::LossInputs& inputs, const MicroBatchOptions& options) {
+                          const loss::LossInputs& batch_inputs, const MicroBatchOptions& options) {
   const at::Tensor targets = batch.target_ids.reshape({-1});  // [N]
   const int64_t num_tokens = hidden.size(0);
+  auto chunk_logprobs = [&](int64_t begin, int64_t length) {
+    return loss::target_logprobs(model.lm_head(), hidden.narrow(0, begin, length), targets.narrow(0, begin, length),
+                                 batch.segments.slice(begin, length));
+  };
+  loss::LossInputs inputs = batch_inputs;
+  // A sequence-level loss (gspo) needs its datum's mean log-ratio before any of the datum's tokens, which may
+  // span chunks: a no-grad pass over the head first (only for such batches); forward reuses its logprobs.
+  std::vector<at::Tensor> pre_pass;
+  if (inputs.has_sequence_losses) {
+    c10::NoGradGuard no_grad;
+    for (int64_t begin = 0; begin < num_tokens; begin += options.chunk_tokens)
+      pre_pass.push_back(chunk_logprobs(begin, std::min(options.chunk_tokens, num_tokens - begin)));
+    inputs.seq_log_ratio = loss::sequence_log_ratio(at::cat(pre_pass), inputs, batch.input_ids.size(1));
+  }
   std::vector<at::Tensor> logprobs, losses;
-  for (int64_t begin = 0; begin < num_tokens; begin += options.chunk_tokens) {
+  for (int64_t begin = 0, chunk = 0; begin < num_tokens; begin += options.chunk_tokens, ++chunk) {
     const int64_t length = std::min(options.chunk_tokens, num_tokens - begin);
-    at::Tensor lp = loss::target_logprobs(model.lm_head(), hidden.narrow(0, begin, length),
-                                          targets.narrow(0, begin, length), batch.segments.slice(begin, length));
+    at::Tensor lp = (!options.train && !pre_pass.empty()) ? pre_pass[chunk] : chunk_logprobs(begin, length);
     at::Tensor per_token = loss::elementwise_loss(lp, batching::slice_inputs(inputs, begin, length));
     if (options.train && per_token.requires_grad()) per_token.sum().backward();
     logprobs.push_back(lp.detach());

@@ -54,6 +54,12 @@ TrainRow validate_datum(const TrainRequest& req, size_t r, size_t i, loss::LossK
   row.advantages = float_input(d, "advantages", n, 0.0, where);
   row.clip_low = float_input(d, "clip_low_threshold", n, cfg.clip_low, where);
   row.clip_high = float_input(d, "clip_high_threshold", n, cfg.clip_high, where);
+  if (kind == loss::LossKind::kGspo) {
+    // Without a sequence_ratio_mask the ratio averages over the tokens the loss trains on.
+    row.ratio_mask = d.loss_fn_inputs.count("sequence_ratio_mask")
+                         ? float_input(d, "sequence_ratio_mask", n, 0.0, where)
+                         : ((row.advantages != 0) & (row.weights != 0)).to(at::kFloat);
+  }
   return row;
 }
 
@@ -101,6 +107,8 @@ std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<co
   at::Tensor kind = at::zeros({B, T}, at::kLong);
   at::Tensor w = at::zeros({B, T}, fopts), q = at::zeros({B, T}, fopts), adv = at::zeros({B, T}, fopts);
   at::Tensor lo = at::zeros({B, T}, fopts), hi = at::zeros({B, T}, fopts), beta = at::zeros({B, T}, fopts);
+  at::Tensor ratio_mask = at::zeros({B, T}, fopts);
+  bool has_sequence_losses = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const TrainRow& row = *rows[i];
     const int64_t p = batch.packed_row[i], n = row.length();
@@ -111,16 +119,23 @@ std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<co
     lo[p].narrow(0, 0, n).copy_(row.clip_low);
     hi[p].narrow(0, 0, n).copy_(row.clip_high);
     beta[p].fill_(row.beta);
+    if (row.ratio_mask.defined()) {
+      ratio_mask[p].narrow(0, 0, n).copy_(row.ratio_mask);
+      has_sequence_losses = true;
+    }
   }
   auto flat = [&](const at::Tensor& t) { return t.reshape({-1}).to(device); };
-  loss::LossInputs in{flat(kind), batch.valid.reshape({-1}), flat(w), flat(q), flat(adv), flat(lo), flat(hi), flat(beta)};
+  // seq_log_ratio needs the model's logprobs: the micro-batch runner fills it (loss::sequence_log_ratio).
+  loss::LossInputs in{flat(kind), batch.valid.reshape({-1}), flat(w), flat(q), flat(adv), flat(lo), flat(hi),
+                      flat(beta), flat(ratio_mask), at::Tensor(), has_sequence_losses};
   return {std::move(batch), std::move(in)};
 }
 
 loss::LossInputs slice_inputs(const loss::LossInputs& in, int64_t begin, int64_t length) {
-  auto s = [&](const at::Tensor& t) { return t.narrow(0, begin, length); };
+  auto s = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, length) : t; };
   return {s(in.kind), s(in.valid), s(in.weights), s(in.sampling_logprobs), s(in.advantages),
-          s(in.clip_low), s(in.clip_high), s(in.beta)};
+          s(in.clip_low), s(in.clip_high), s(in.beta), s(in.ratio_mask), s(in.seq_log_ratio),
+          in.has_sequence_losses};
 }
 
 }  // namespace skyrl_tx::batching

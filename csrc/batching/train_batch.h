@@ -41,6 +41,7 @@ struct TrainRow {
   at::Tensor input_tokens, target_tokens;  // [N] int64
   loss::LossKind kind = loss::LossKind::kCrossEntropy;
   at::Tensor weights, sampling_logprobs, advantages, clip_low, clip_high;  // [N] float32
+  at::Tensor ratio_mask;  // [N] float32, gspo only (undefined otherwise): the sequence ratio's tokens
   double beta = 0.0;
   int64_t length() const { return input_tokens.numel(); }
 };

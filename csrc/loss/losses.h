@@ -10,17 +10,20 @@
 
 namespace skyrl_tx::loss {
 
-enum class LossKind : int64_t { kCrossEntropy = 0, kImportanceSampling, kPpo, kCispo, kDro };
+// New kinds go last: the values are stored per token in LossInputs::kind.
+enum class LossKind : int64_t { kCrossEntropy = 0, kImportanceSampling, kPpo, kCispo, kDro, kGspo, kStableReinforce };
 
-/// "cross_entropy", "importance_sampling", "ppo", "cispo", "dro"; throws InvalidArgument otherwise.
+/// "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce";
+/// throws InvalidArgument otherwise.
 LossKind parse_loss_kind(const std::string& name);
 const char* loss_name(LossKind kind);
 
-/// Scalars from loss_fn_config with Tinker's defaults (ppo 0.8/1.2, cispo 0.0/4.0, dro beta 0.01).
+/// Scalars from loss_fn_config with Tinker's defaults (ppo and gspo 0.8/1.2, cispo 0.0/4.0, dro beta 0.01,
+/// stable_reinforce kl_coeff 0.01).
 struct LossConfig {
   double clip_low = 0.0;
   double clip_high = 0.0;
-  double beta = 0.0;
+  double beta = 0.0;  // the loss's penalty coefficient: dro's `beta`, stable_reinforce's `kl_coeff`
 };
 
 /// Validates config keys for the loss (unknown keys are user errors naming the key) and fills defaults.
@@ -39,7 +42,12 @@ struct LossInputs {
   at::Tensor advantages;  // float32 (A)
   at::Tensor clip_low;    // float32
   at::Tensor clip_high;   // float32
-  at::Tensor beta;        // float32
+  at::Tensor beta;        // float32 (dro: beta; stable_reinforce: kl_coeff)
+  at::Tensor ratio_mask;  // float32, nonzero on the tokens a gspo datum's sequence ratio averages over
+  /// float32, each token's datum's detached gspo sequence log-ratio (see sequence_log_ratio); 0 elsewhere.
+  /// Undefined means 0, which is right only for batches without gspo rows.
+  at::Tensor seq_log_ratio;
+  bool has_sequence_losses = false;  // some row is gspo, so seq_log_ratio must be filled before the loss
 };
 
 /// Per-token loss for target logprobs `lp` [N] (float32, may require grad); 0 on invalid tokens.
@@ -48,6 +56,14 @@ struct LossInputs {
 ///   ppo:                  -min(r·A, clip(r, lo, hi)·A)·w        (Schulman et al. 2017)
 ///   cispo:                -sg(clip(r, lo, hi))·lp·A·w            (MiniMax-M1, 2025)
 ///   dro:                  -(lp·A − ½·β·(lp − q)²)·w              (Richemond et al. 2024)
+///   gspo:                 -min(s_t·A, clip(s_t, lo, hi)·A)·w,  s_t = exp(sg(S) + lp − sg(lp))  (GSPO-token)
+///   stable_reinforce:     (-A·lp + κ·(r − 1 − (lp − q)))·w       (REINFORCE + sampler KL, κ = kl_coeff)
+/// S is the datum's sequence log-ratio, in.seq_log_ratio; sources and readings are at the top of losses.cpp.
 at::Tensor elementwise_loss(const at::Tensor& lp, const LossInputs& in);
+
+/// GSPO's per-datum sequence log-ratio S = mean over the datum's ratio_mask tokens of (lp − q), detached, and
+/// copied onto every token of the datum: [N] float32 (0 for rows whose mask is empty, e.g. non-gspo rows).
+/// `lp` and `in` cover whole packed rows of `row_length` tokens each (one datum per row), N = rows × row_length.
+at::Tensor sequence_log_ratio(const at::Tensor& lp, const LossInputs& in, int64_t row_length);
 
 }  // namespace skyrl_tx::loss

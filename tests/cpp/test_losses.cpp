@@ -3,9 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "batching/train_batch.h"
 #include "common/errors.h"
 #include "loss/losses.h"
 #include "testing/tensor_asserts.h"
@@ -31,6 +35,8 @@ LossInputs random_inputs(LossKind kind, uint64_t seed) {
   in.clip_low = at::full({kN}, 0.9f, at::kFloat);
   in.clip_high = at::full({kN}, 1.1f, at::kFloat);
   in.beta = at::full({kN}, 0.3f, at::kFloat);
+  in.ratio_mask = (at::rand({kN}, gen, at::kFloat) < 0.7).to(at::kFloat);
+  in.seq_log_ratio = randn({kN}, gen, 0.2);  // gspo: as if filled by sequence_log_ratio
   return in;
 }
 
@@ -58,12 +64,21 @@ at::Tensor reference(LossKind kind, const at::Tensor& lp, const LossInputs& in) 
       return -clipped.detach() * lp * a * w;
     case LossKind::kDro:
       return -(lp * a - 0.5 * in.beta * (lp - q) * (lp - q)) * w;
+    case LossKind::kGspo: {
+      // s_t = sg(exp(S)) · p_t / sg(p_t), written as in the Tinker docs.
+      at::Tensor s = at::exp(in.seq_log_ratio) * at::exp(lp) / at::exp(lp).detach();
+      at::Tensor s_clipped = at::max(at::min(s, in.clip_high), in.clip_low);
+      return -at::min(s * a, s_clipped * a) * w;
+    }
+    case LossKind::kStableReinforce:
+      return (-a * lp + in.beta * (r - 1.0 - at::log(r))) * w;
   }
   return at::Tensor();
 }
 
 const LossKind kAllKinds[] = {LossKind::kCrossEntropy, LossKind::kImportanceSampling, LossKind::kPpo,
-                              LossKind::kCispo, LossKind::kDro};
+                              LossKind::kCispo, LossKind::kDro, LossKind::kGspo, LossKind::kStableReinforce};
+constexpr int64_t kNumKinds = sizeof(kAllKinds) / sizeof(kAllKinds[0]);
 
 TEST(LossTest, EachKindMatchesItsFormula) {
   uint64_t seed = 1;
@@ -86,6 +101,8 @@ TEST(LossTest, PpoClipsBothSides) {
   in.clip_low = at::full({4}, 0.8f, at::kFloat);
   in.clip_high = at::full({4}, 1.2f, at::kFloat);
   in.beta = in.beta.narrow(0, 0, 4);
+  in.ratio_mask = in.ratio_mask.narrow(0, 0, 4);
+  in.seq_log_ratio = in.seq_log_ratio.narrow(0, 0, 4);
   at::Tensor lp = at::log(at::tensor({0.5f, 0.5f, 2.0f, 2.0f}));
   // -min(r*A, clip(r)*A): (0.5, +) → -0.5; (0.5, -) → 0.8; (2, +) → -1.2; (2, -) → 2.
   EXPECT_TENSOR_CLOSE(elementwise_loss(lp, in), at::tensor({-0.5f, 0.8f, -1.2f, 2.0f}), 1e-5, 1e-6);
@@ -93,7 +110,7 @@ TEST(LossTest, PpoClipsBothSides) {
 
 TEST(LossTest, MixedKindsInOneTensor) {
   LossInputs in = random_inputs(LossKind::kCrossEntropy, 11);
-  at::Tensor kinds = at::arange(kN, at::kLong).remainder(5);
+  at::Tensor kinds = at::arange(kN, at::kLong).remainder(kNumKinds);
   in.kind = kinds;
   at::Tensor lp = random_lp(in, 12);
   at::Tensor out = elementwise_loss(lp, in);
@@ -152,6 +169,9 @@ TEST(LossTest, ParseLossKindNamesEveryLoss) {
   EXPECT_EQ(parse_loss_kind("ppo"), LossKind::kPpo);
   EXPECT_EQ(parse_loss_kind("cispo"), LossKind::kCispo);
   EXPECT_EQ(parse_loss_kind("dro"), LossKind::kDro);
+  EXPECT_EQ(parse_loss_kind("gspo"), LossKind::kGspo);
+  EXPECT_EQ(parse_loss_kind("stable_reinforce"), LossKind::kStableReinforce);
+  EXPECT_THROW(parse_loss_kind("custom"), InvalidArgument);  // the SDK's client-side label, never a server loss
   for (LossKind kind : kAllKinds) EXPECT_EQ(parse_loss_kind(loss_name(kind)), kind);
   EXPECT_THROW(parse_loss_kind("grpo"), InvalidArgument);
   EXPECT_THROW(parse_loss_kind(""), InvalidArgument);
@@ -170,6 +190,175 @@ TEST(LossTest, ParseLossConfigDefaults) {
   EXPECT_DOUBLE_EQ(overridden.clip_low, 0.5);
   EXPECT_DOUBLE_EQ(overridden.clip_high, 2.0);
   EXPECT_DOUBLE_EQ(parse_loss_config(LossKind::kDro, {{"beta", 0.25}}).beta, 0.25);
+  LossConfig gspo = parse_loss_config(LossKind::kGspo, {});
+  EXPECT_DOUBLE_EQ(gspo.clip_low, 0.8);
+  EXPECT_DOUBLE_EQ(gspo.clip_high, 1.2);
+  // The GSPO paper's tight sequence-level range (1 − 3e-4, 1 + 4e-4) is a config away.
+  LossConfig gspo_tight =
+      parse_loss_config(LossKind::kGspo, {{"clip_low_threshold", 0.9997}, {"clip_high_threshold", 1.0004}});
+  EXPECT_DOUBLE_EQ(gspo_tight.clip_low, 0.9997);
+  EXPECT_DOUBLE_EQ(gspo_tight.clip_high, 1.0004);
+  EXPECT_DOUBLE_EQ(parse_loss_config(LossKind::kStableReinforce, {}).beta, 0.01);
+  EXPECT_DOUBLE_EQ(parse_loss_config(LossKind::kStableReinforce, {{"kl_coeff", 0.0}}).beta, 0.0);
+  EXPECT_DOUBLE_EQ(parse_loss_config(LossKind::kStableReinforce, {{"kl_coeff", 0.2}}).beta, 0.2);
+}
+
+// Message of the InvalidArgument `fn` throws ("" and a test failure when it throws nothing).
+template <typename Fn>
+std::string invalid_argument_message(Fn fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  ADD_FAILURE() << "expected InvalidArgument";
+  return "";
+}
+
+TEST(LossTest, NewLossConfigErrorsNameTheKey) {
+  // stable_reinforce's coefficient is kl_coeff, not dro's beta; gspo takes only the clip thresholds.
+  EXPECT_NE(invalid_argument_message([] { parse_loss_config(LossKind::kStableReinforce, {{"beta", 0.1}}); })
+                .find("'beta'"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { parse_loss_config(LossKind::kStableReinforce, {{"kl_coeff", -1.0}}); })
+                .find("kl_coeff"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { parse_loss_config(LossKind::kGspo, {{"kl_coeff", 0.1}}); })
+                .find("kl_coeff"), std::string::npos);
+  EXPECT_THROW(parse_loss_config(LossKind::kGspo, {{"clip_low_threshold", 1.5}}), InvalidArgument);
+}
+
+TEST(LossTest, NewLossInputs) {
+  const std::vector<std::string> policy = {"target_tokens", "logprobs", "advantages"};
+  EXPECT_EQ(required_inputs(LossKind::kGspo), policy);
+  EXPECT_EQ(required_inputs(LossKind::kStableReinforce), policy);
+  const auto& gspo = optional_inputs(LossKind::kGspo);
+  EXPECT_NE(std::find(gspo.begin(), gspo.end(), "sequence_ratio_mask"), gspo.end());
+  EXPECT_EQ(optional_inputs(LossKind::kStableReinforce), std::vector<std::string>{"weights"});
+}
+
+// Two datums of T = 5 tokens packed as rows; the second is padded after 3 tokens.
+struct GspoBatch {
+  LossInputs in;
+  at::Tensor lp;  // [10]
+};
+
+GspoBatch gspo_batch(uint64_t seed) {
+  constexpr int64_t kRows = 2, kT = 5, kTokens = kRows * kT;
+  at::Generator gen = make_gen(seed);
+  LossInputs in;
+  in.kind = at::full({kTokens}, static_cast<int64_t>(LossKind::kGspo), at::kLong);
+  in.valid = at::tensor({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, at::kLong).to(at::kBool);
+  in.weights = at::rand({kTokens}, gen, at::kFloat) + 0.5;
+  in.sampling_logprobs = -at::rand({kTokens}, gen, at::kFloat) * 2.0;
+  in.advantages = randn({kTokens}, gen);
+  in.clip_low = at::full({kTokens}, 0.8f, at::kFloat);
+  in.clip_high = at::full({kTokens}, 1.2f, at::kFloat);
+  in.beta = at::zeros({kTokens}, at::kFloat);
+  // Row 0: the prompt's first two tokens are out of the ratio. Row 1: a mask of 1 on padding must not count.
+  in.ratio_mask = at::tensor({0.f, 0.f, 1.f, 1.f, 1.f, 1.f, 2.f, 1.f, 1.f, 1.f});
+  in.has_sequence_losses = true;
+  at::Tensor lp = (in.sampling_logprobs + randn({kTokens}, gen, 0.3)).detach();
+  return {in, lp};
+}
+
+TEST(LossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
+  GspoBatch b = gspo_batch(70);
+  at::Tensor diff = b.lp - b.in.sampling_logprobs;
+  const double s0 = diff.narrow(0, 2, 3).mean().item<double>();
+  const double s1 = diff.narrow(0, 5, 3).mean().item<double>();  // tokens 8, 9 are padding
+  at::Tensor expected = at::tensor({s0, s0, s0, s0, s0, s1, s1, s1, s1, s1}, at::kFloat);
+  at::Tensor lp = b.lp.clone().requires_grad_(true);
+  at::Tensor got = sequence_log_ratio(lp, b.in, 5);
+  EXPECT_TENSOR_CLOSE(got, expected, 1e-6, 1e-6);
+  EXPECT_FALSE(got.requires_grad()) << "the sequence ratio's value is a constant of the backward";
+  // A datum with no masked token gets S = 0 (ratio 1), not NaN.
+  b.in.ratio_mask = at::zeros({10}, at::kFloat);
+  EXPECT_TENSOR_EQ(sequence_log_ratio(b.lp, b.in, 5), at::zeros({10}, at::kFloat));
+}
+
+TEST(LossTest, GspoTokensShareTheSequenceRatioAndKeepTheirOwnGradient) {
+  GspoBatch b = gspo_batch(71);
+  b.in.seq_log_ratio = sequence_log_ratio(b.lp, b.in, 5);
+  b.in.clip_low.fill_(0.0), b.in.clip_high.fill_(100.0);  // nothing clipped: the plain GSPO-token gradient
+  at::Tensor lp = b.lp.clone().requires_grad_(true);
+  at::Tensor loss = elementwise_loss(lp, b.in);
+  at::Tensor s = at::exp(b.in.seq_log_ratio);
+  at::Tensor valid = b.in.valid.to(at::kFloat);
+  EXPECT_TENSOR_CLOSE(loss.detach(), -s * b.in.advantages * b.in.weights * valid, 1e-5, 1e-6);
+  loss.sum().backward();
+  EXPECT_TENSOR_CLOSE(lp.grad(), -s * b.in.advantages * b.in.weights * valid, 1e-5, 1e-6);
+}
+
+TEST(LossTest, GspoClipsTheSequenceRatioForWholeDatums) {
+  GspoBatch b = gspo_batch(72);
+  // Datum 0's ratio exp(0.5) > 1.2, datum 1's exp(-0.5) < 0.8; advantages of both signs in each.
+  b.in.seq_log_ratio = at::tensor({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, -0.5f, -0.5f, -0.5f, -0.5f, -0.5f});
+  b.in.advantages = at::tensor({1.f, -1.f, 1.f, -1.f, 1.f, 1.f, -1.f, 1.f, -1.f, 1.f});
+  b.in.weights = at::ones({10}, at::kFloat);
+  at::Tensor lp = b.lp.clone().requires_grad_(true);
+  at::Tensor loss = elementwise_loss(lp, b.in);
+  loss.sum().backward();
+  const double hi = std::exp(0.5), lo = std::exp(-0.5);
+  // -min(s·A, clip(s)·A): datum 0 (s > 1.2) A>0 → -1.2 (clipped, no grad), A<0 → s (grad); datum 1 (s < 0.8)
+  // A>0 → -s (grad), A<0 → 0.8 (clipped, no grad). Padding: 0.
+  at::Tensor expected = at::tensor({-1.2, hi, -1.2, hi, -1.2, -lo, 0.8, -lo, 0.0, 0.0}, at::kFloat);
+  EXPECT_TENSOR_CLOSE(loss.detach(), expected, 1e-5, 1e-6);
+  at::Tensor grad = at::tensor({0.0, hi, 0.0, hi, 0.0, -lo, 0.0, -lo, 0.0, 0.0}, at::kFloat);
+  EXPECT_TENSOR_CLOSE(lp.grad(), grad, 1e-5, 1e-6);
+}
+
+TEST(LossTest, StableReinforceIsReinforcePlusSamplerKl) {
+  LossInputs in = random_inputs(LossKind::kStableReinforce, 80);
+  at::Tensor base = random_lp(in, 81);
+  at::Tensor lp = base.clone().requires_grad_(true);
+  elementwise_loss(lp, in).sum().backward();
+  // d/dlp [-A·lp + κ(r − 1 − log r)] = -A + κ(r − 1): no importance weight on the policy-gradient term.
+  at::Tensor r = at::exp(base - in.sampling_logprobs);
+  EXPECT_TENSOR_CLOSE(lp.grad(), (-in.advantages + in.beta * (r - 1.0)) * in.weights, 1e-5, 1e-6);
+  // On-policy (lp = q) the KL term vanishes in value and gradient: plain REINFORCE.
+  at::Tensor on = in.sampling_logprobs.clone().requires_grad_(true);
+  at::Tensor loss = elementwise_loss(on, in);
+  EXPECT_TENSOR_CLOSE(loss.detach(), -in.advantages * in.sampling_logprobs * in.weights, 1e-6, 1e-6);
+  loss.sum().backward();
+  EXPECT_TENSOR_CLOSE(on.grad(), -in.advantages * in.weights, 1e-6, 1e-6);
+}
+
+batching::TrainRequest gspo_request(std::map<std::string, at::Tensor> inputs) {
+  batching::TrainDatum d{at::tensor({1, 2, 3, 4}, at::kLong), std::move(inputs)};
+  return {"m", {d}, "gspo", {}};
+}
+
+TEST(LossTest, GspoRatioMaskDefaultsToTrainedTokens) {
+  std::map<std::string, at::Tensor> inputs = {{"target_tokens", at::tensor({2, 3, 4, 5}, at::kLong)},
+                                              {"logprobs", at::full({4}, -1.0f, at::kFloat)},
+                                              {"advantages", at::tensor({0.f, 0.5f, 0.5f, 0.5f})},
+                                              {"weights", at::tensor({1.f, 1.f, 0.f, 1.f})}};
+  auto rows = batching::validate_requests({gspo_request(inputs)});
+  EXPECT_TENSOR_EQ(rows.at(0).ratio_mask, at::tensor({0.f, 1.f, 0.f, 1.f}));
+  inputs["sequence_ratio_mask"] = at::tensor({1.f, 1.f, 1.f, 0.f});
+  rows = batching::validate_requests({gspo_request(inputs)});
+  EXPECT_TENSOR_EQ(rows.at(0).ratio_mask, at::tensor({1.f, 1.f, 1.f, 0.f}));
+  // Other losses carry no mask.
+  inputs.erase("sequence_ratio_mask");
+  batching::TrainRequest other = gspo_request(inputs);
+  other.loss_fn = "stable_reinforce";
+  EXPECT_FALSE(batching::validate_requests({other}).at(0).ratio_mask.defined());
+}
+
+TEST(LossTest, NewLossesNameAMissingInput) {
+  for (const char* name : {"gspo", "stable_reinforce"}) {
+    SCOPED_TRACE(name);
+    batching::TrainRequest req = gspo_request({{"target_tokens", at::tensor({2, 3, 4, 5}, at::kLong)},
+                                               {"logprobs", at::full({4}, -1.0f, at::kFloat)}});
+    req.loss_fn = name;
+    EXPECT_NE(invalid_argument_message([&] { batching::validate_requests({req}); }).find("'advantages'"),
+              std::string::npos);
+  }
+  batching::TrainRequest req = gspo_request({{"target_tokens", at::tensor({2, 3, 4, 5}, at::kLong)},
+                                             {"logprobs", at::full({4}, -1.0f, at::kFloat)},
+                                             {"advantages", at::ones({4}, at::kFloat)},
+                                             {"sequence_ratio_mask", at::ones({3}, at::kFloat)}});
+  EXPECT_NE(invalid_argument_message([&] { batching::validate_requests({req}); }).find("sequence_ratio_mask"),
+            std::string::npos);
 }
 
 TEST(LossTest, ParseLossConfigUnknownKeyNamesTheKey) {
