@@ -180,8 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
     preset_parser = sub.add_parser("preset", help="generate (or find) a tiny preset model; prints its directory")
     preset_parser.add_argument("name")
     preset_parser.set_defaults(func=generate_preset)
+    merge_parser = sub.add_parser("export-merged", help="merge a PEFT LoRA adapter directory (e.g. from `tinker "
+                                  "checkpoint download`) into its base model; writes a Hugging Face model directory")
+    merge_parser.add_argument("--base-model", required=True, help="preset name, local HF directory or cached hub id")
+    merge_parser.add_argument("--adapter", required=True, help="directory with adapter_config.json and "
+                              "adapter_model.safetensors")
+    merge_parser.add_argument("--out", required=True, help="output directory (must not exist)")
+    merge_parser.set_defaults(func=export_merged)
     add_db_parser(sub)
     return parser
+
+
+def export_merged(args: argparse.Namespace) -> int:
+    from skyrl_tx.checkpoints.merge import merge_adapter
+    from skyrl_tx.models.checkpoint import resolve_model_path
+
+    modules = merge_adapter(resolve_model_path(args.base_model), args.adapter, args.out)
+    log.info("merged %d adapted modules into %s", len(modules), args.out)
+    print(args.out)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

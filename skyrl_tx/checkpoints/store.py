@@ -55,6 +55,8 @@ class CheckpointStore:
         try:
             self.fs.makedirs(partial, exist_ok=True)
             for name, data in files.items():
+                if "/" in name:
+                    self.fs.makedirs(f"{partial}/{name.rsplit('/', 1)[0]}", exist_ok=True)
                 with self.fs.open(f"{partial}/{name}", "wb") as out:
                     out.write(data)
             if self.fs.exists(location):
@@ -63,8 +65,10 @@ class CheckpointStore:
                 self.fs.rm(location, recursive=True)
             if self.is_local:
                 os.rename(partial, location)  # atomic on one filesystem: readers see all files or none
-            else:
-                self.fs.mv(partial, location, recursive=True)  # object stores: listed only after the DB says so
+            else:  # object stores have no rename: copy file by file; listed only once the DB says "ready"
+                for name in files:
+                    self.fs.copy(f"{partial}/{name}", f"{location}/{name}")
+                self.fs.rm(partial, recursive=True)
         except BaseException as exc:
             self._remove_quietly(partial)
             if isinstance(exc, OSError):

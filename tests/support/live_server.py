@@ -107,11 +107,14 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def live_server(*, base_model: str = "tiny-qwen3", database_url: str | None = None,
                 backend_config: Mapping[str, Any] | str | None = None, aliases: Sequence[str] = (),
                 env: Mapping[str, str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[ServerUrl]:
-    """Starts the server, waits until it serves, yields its base URL (http://127.0.0.1:PORT), stops it."""
-    data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_data_"))
-    log_path = data_dir / "server.log"
+                startup_timeout_s: float = STARTUP_TIMEOUT_S, extra_args: Sequence[str] = (),
+                data_dir: str | os.PathLike[str] | None = None) -> Iterator[ServerUrl]:
+    """Starts the server, waits until it serves, yields its base URL (http://127.0.0.1:PORT), stops it.
+    `data_dir` reuses a data directory (a restart of an earlier server: same SQLite file and checkpoints)."""
+    owns_data_dir = data_dir is None  # a caller's data directory outlives this server (restarts reuse it)
+    data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="skyrl_tx_data_"))
     port = free_port()
+    log_path = data_dir / f"server-{port}.log"  # one per server: a restart on the same data_dir keeps both
     args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
             "--port", str(port)]
     if database_url is not None:
@@ -120,6 +123,7 @@ def live_server(*, base_model: str = "tiny-qwen3", database_url: str | None = No
         args += ["--backend-config", backend_config if isinstance(backend_config, str) else json.dumps(backend_config)]
     for alias in aliases:
         args += ["--model-alias", alias]
+    args += list(extra_args)
     server_env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir),
                   "SKYRL_TX_CACHE_DIR": str(cache_dir if cache_dir is not None else _default_cache_dir()),
                   "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -152,6 +156,7 @@ def live_server(*, base_model: str = "tiny-qwen3", database_url: str | None = No
         if failed and not reported:
             sys.stderr.write(f"\n---- skyrl_tx server log ({base_url}), last {LOG_TAIL_LINES} lines ----\n"
                              f"{_tail(log_path)}\n---- end of server log ----\n")
-        shutil.rmtree(data_dir, ignore_errors=True)
+        if owns_data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 

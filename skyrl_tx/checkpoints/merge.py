@@ -1,0 +1,49 @@
+"""merge_adapter: base model + PEFT LoRA adapter → one Hugging Face model directory (W + alpha/r · B·A)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files
+from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.models.checkpoint import load_weights
+
+PEFT_PREFIX = "base_model.model."
+
+
+def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> list[str]:
+    """Writes the merged model to out_dir (created; must not exist). Returns the merged module names.
+
+    The merge runs in float32 and is saved in the base weights' dtype. A tied model whose lm_head is
+    adapted gets its own lm_head.weight and `tie_word_embeddings: false` (the embedding stays unchanged)."""
+    base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
+    if out_dir.exists():
+        raise InvalidArgumentError(f"export: {out_dir} already exists; pick a new directory")
+    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    scaling = float(config["lora_alpha"]) / float(config["r"])
+    factors = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
+    weights = load_weights(base_model_dir)
+    model_config = json.loads((base_model_dir / "config.json").read_text())
+    merged = []
+    for a_name in sorted(k for k in factors if k.endswith(".lora_A.weight")):
+        module = a_name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+        lora_a = factors[a_name].float()  # [r, in]
+        lora_b = factors[a_name.replace(".lora_A.", ".lora_B.")].float()  # [out, r]
+        target = f"{module}.weight"
+        if target not in weights and module == "lm_head" and model_config.get("tie_word_embeddings"):
+            weights[target] = weights["model.embed_tokens.weight"].clone()  # untie: only the head changes
+            model_config["tie_word_embeddings"] = False
+        if target not in weights:
+            raise InvalidArgumentError(f"export: the adapter adapts {module}, which the base model does not have")
+        base = weights[target]
+        weights[target] = (base.float() + scaling * (lora_b @ lora_a)).to(base.dtype)  # [out, in]
+        merged.append(module)
+    files = hf_model_files(base_model_dir, weights)
+    files["config.json"] = (json.dumps(model_config, indent=2) + "\n").encode()
+    out_dir.mkdir(parents=True)
+    for name, data in files.items():
+        (out_dir / name).write_bytes(data)
+    return merged
