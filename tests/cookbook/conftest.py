@@ -37,6 +37,9 @@ DATA = HERE / "data"
 API_KEY = "tml-cookbook"
 FULL_ENV = "SKYRL_TX_COOKBOOK_FULL"
 RECIPE_TIMEOUT_S = 300
+# Hugging Face names some recipes use by default: the server answers to them (--model-alias) and the working
+# directory has a directory of that name linking to the preset, where the cookbook's get_tokenizer finds it.
+HF_ALIASES = ("Qwen/Qwen3.5-4B",)
 OUTPUT_TAIL_CHARS = 6000
 
 
@@ -70,7 +73,7 @@ def model_dir(tiny_model_dir: Callable[[str], Path]) -> Path:
 @pytest.fixture(scope="module")
 def server_options(model_dir: Path) -> dict[str, Any]:
     # Recipes neither close their sessions nor unload their models: room for every training client of a module.
-    return {"base_model": "tiny-qwen3", "aliases": [str(model_dir)],
+    return {"base_model": "tiny-qwen3", "aliases": [str(model_dir), *HF_ALIASES],
             "backend_config": {"max_lora_adapters": 32}}
 
 
@@ -127,10 +130,14 @@ class RecipeRun:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The recipes' working directory: a copy of tests/cookbook/data (local stand-ins for hub datasets)."""
+def workdir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """The recipes' working directory: a copy of tests/cookbook/data (local stand-ins for hub datasets) and
+    HF_ALIASES directories (links to the preset)."""
     root = tmp_path_factory.mktemp("cookbook_cwd")
     shutil.copytree(DATA, root, dirs_exist_ok=True)
+    for name in HF_ALIASES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).symlink_to(model_dir, target_is_directory=True)
     return root
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -41,3 +42,15 @@ def test_shorter_preference_rl(run_recipe, model_dir: Path) -> None:
     assert all(abs(x) < 1e-4 for x in v1) and all(0 <= x < 1e-6 for x in v2), (v1, v2)
     assert all(math.isfinite(x) for x in run.series("kl_pre_post_v1")), run.metrics
     assert run.checkpoints and run.checkpoints[-1]["name"] == "final", run.checkpoints
+
+
+def test_shorter_with_its_default_model_name_and_renderer(run_recipe) -> None:
+    """Unchanged defaults: model_name=Qwen/Qwen3.5-4B (served through --model-alias, tokenizer from a local
+    directory of that name) and renderer qwen3_5_disable_thinking (the tiny tokenizer's qwen3.5 special tokens)."""
+    run = run_recipe("tinker_cookbook.recipes.preference.shorter.train", "batch_size=2", "group_size=4",
+                     "max_tokens=16", "eval_every=0", "max_steps=2")
+    run.assert_finite()
+    config = json.loads((run.log_path / "config.json").read_text())
+    assert config["model_name"] == "Qwen/Qwen3.5-4B" and config["renderer_name"] == "qwen3_5_disable_thinking"
+    v1 = run.series("optim/kl_sample_train_v1")
+    assert len(v1) == 2 and all(abs(x) < 1e-4 for x in v1), v1
