@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError, SkyrlTxError
@@ -31,6 +30,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoints-base", default=None, metavar="URL",
                         help="where checkpoints are written: a local directory or an fsspec URL such as "
                              "s3://bucket/prefix (default: <data dir>/checkpoints)")
+    parser.add_argument("--engine", choices=("process", "thread", "external"), default="process",
+                        help="process (default): a child process the server restarts if it dies; thread: inside "
+                             "the server process; external: run `skyrl-tx engine` yourself on the same database")
     parser.add_argument("--checkpoints-storage-options", default=None, metavar="JSON",
                         help='fsspec options for --checkpoints-base, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
 
@@ -47,38 +49,53 @@ def _json_object(text: str | None, flag: str) -> dict:
     return value
 
 
+def server_settings(args: argparse.Namespace):
+    from skyrl_tx.config import ServerSettings
+
+    return ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
+                          port=args.port, database_url=args.database_url,
+                          backend=BackendSettings.from_json(args.backend_config),
+                          session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
+                          checkpoints_storage_options=_json_object(args.checkpoints_storage_options,
+                                                                   "--checkpoints-storage-options"),
+                          engine=getattr(args, "engine", "process"))
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from skyrl_tx.api.app import create_app
-    from skyrl_tx.config import ServerSettings
     from skyrl_tx.models.checkpoint import resolve_model_path
     from skyrl_tx.models.hf_config import load_decoder_config
 
-    backend_settings = BackendSettings.from_json(args.backend_config)
-    storage_options = _json_object(args.checkpoints_storage_options, "--checkpoints-storage-options")
-    settings = ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
-                              port=args.port, database_url=args.database_url, backend=backend_settings,
-                              session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
-                              checkpoints_storage_options=storage_options)
+    settings = server_settings(args)
     model_dir = resolve_model_path(args.base_model)
-    architecture = load_decoder_config(model_dir).architecture
-
-    def load_backend():
-        from skyrl_tx.backend.native import NativeBackend
-
-        started = time.perf_counter()
-        log.info("loading base model %s from %s (dtype=%s, device=%s)", args.base_model, model_dir,
-                 backend_settings.dtype, backend_settings.device)
-        backend = NativeBackend(model_dir, backend_settings)
-        cfg = backend.decoder_config
-        log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
-                 cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
-        return backend
-
-    app = create_app(settings, load_backend, model_dir, architecture)
+    app = create_app(settings, model_dir, load_decoder_config(model_dir).architecture)
     log.info("listening on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def engine(args: argparse.Namespace) -> int:
+    """A standalone engine for a server started with --engine external (same database and checkpoints)."""
+    import threading
+
+    from skyrl_tx.checkpoints.store import default_checkpoints_base
+    from skyrl_tx.db import migrate
+    from skyrl_tx.db.session import default_database_url
+    from skyrl_tx.engine.settings import EngineSettings
+    from skyrl_tx.models.checkpoint import resolve_model_path
+
+    settings = server_settings(args)
+    database_url = settings.database_url or default_database_url()
+    migrate.upgrade(database_url)
+    engine_settings = EngineSettings.for_server(settings, resolve_model_path(args.base_model), database_url,
+                                                settings.checkpoints_base or default_checkpoints_base())
+    stop, wake = threading.Event(), threading.Event()
+    try:
+        engine_settings.run(stop, wake, notify=lambda ids: None, on_ready=lambda: log.info("engine ready"))
+    except KeyboardInterrupt:
+        stop.set()
     return 0
 
 
@@ -180,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     preset_parser = sub.add_parser("preset", help="generate (or find) a tiny preset model; prints its directory")
     preset_parser.add_argument("name")
     preset_parser.set_defaults(func=generate_preset)
+    engine_parser = sub.add_parser("engine", help="run only the engine, for a server started with --engine external")
+    add_serve_arguments(engine_parser)
+    engine_parser.set_defaults(func=engine)
     merge_parser = sub.add_parser("export-merged", help="merge a PEFT LoRA adapter directory (e.g. from `tinker "
                                   "checkpoint download`) into its base model; writes a Hugging Face model directory")
     merge_parser.add_argument("--base-model", required=True, help="preset name, local HF directory or cached hub id")

@@ -92,6 +92,9 @@ class ServerSettings:
     session_timeout_s: float = 300.0  # a session without heartbeats this long has its models unloaded
     checkpoints_base: str | None = None  # local directory or fsspec URL (s3://bucket/prefix); default: data dir
     checkpoints_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # fsspec options
+    # process: a child process the server restarts if it dies; thread: inside the server process;
+    # external: started separately (`skyrl-tx engine`), found through the database only
+    engine: str = "process"
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,22 +21,33 @@ from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
 from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
-from skyrl_tx.engine.runner import EngineRunner
+from skyrl_tx.engine.process import EngineProcess
+from skyrl_tx.engine.runner import EngineRunner, ExternalEngine
+from skyrl_tx.engine.settings import EngineSettings
 
 log = logging.getLogger("skyrl_tx.api")
 
 
-def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], model_dir: Path,
-               architecture: str) -> FastAPI:
-    """backend_factory builds the C++-backed backend inside the engine thread (the API never imports _C)."""
+def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
+                 on_finished: Callable[[Iterable[str]], None]) -> Any:
+    """The engine host for settings.engine (the API itself never imports the extension)."""
+    if settings.engine == "process":
+        return EngineProcess([json.dumps(engine_settings.to_json()), "--stdio"], on_finished=on_finished)
+    if settings.engine == "thread":
+        return EngineRunner(engine_settings, on_finished=on_finished)
+    return ExternalEngine()
+
+
+def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> FastAPI:
     database_url = settings.database_url or default_database_url()
     migrate.upgrade(database_url)  # migrations are the only way the schema is created
     engine = make_engine(database_url)
     session_factory = make_session_factory(engine)
     waiters = FutureWaiters()
-    store = CheckpointStore(settings.checkpoints_base or default_checkpoints_base(), settings.checkpoints_storage_options)
-    runner = EngineRunner(backend_factory, session_factory, store, model_dir, on_finished=waiters.notify_threadsafe,
-                          session_timeout_s=settings.session_timeout_s)
+    checkpoints_base = settings.checkpoints_base or default_checkpoints_base()
+    store = CheckpointStore(checkpoints_base, settings.checkpoints_storage_options)
+    engine_settings = EngineSettings.for_server(settings, model_dir, database_url, checkpoints_base)
+    runner = start_engine(settings, engine_settings, waiters.notify_threadsafe)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +56,8 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
         await asyncio.to_thread(runner.ready.wait)
         if runner.failed is not None:
             raise RuntimeError(f"the engine could not load the base model: {runner.failed}")
-        log.info("engine ready: serving %s", ", ".join([settings.base_model, *settings.model_aliases]))
+        log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
+                 ", ".join([settings.base_model, *settings.model_aliases]))
         yield
         runner.stop()
         engine.dispose()
@@ -56,6 +69,7 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Any], mod
     app.state.store = store
     app.state.download_secret = secrets.token_bytes(32)  # signs checkpoint download URLs of this server run
     app.state.wake_engine = runner.wake
+    app.state.engine = runner
     app.state.model_dir = model_dir
     app.state.architecture = architecture
     install_error_handlers(app)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
-from skyrl_tx.engine import executor
+from skyrl_tx.engine import executor, replay
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, UnimplementedError
 
@@ -24,6 +24,7 @@ TRAIN_TYPES = ("forward_backward", "forward")  # batched across models; everythi
 # A model's requests run in seq_id order. A missing seq_id is waited for this long: a request the API
 # rejected at the edge consumed its seq_id without ever being stored, and must not stall the model.
 GAP_WAIT_S = 5.0
+MAX_ATTEMPTS = 3  # engine crashes a single request may cause before it is failed instead of retried
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -75,23 +76,22 @@ class EngineLoop:
         return unloaded
 
     def recover(self) -> None:
-        """At start: a future left 'running' by a dead loop may or may not have run; fail it rather than
-        risk running it twice. Sampling futures have no side effects, so those simply run again."""
+        """At start, on a fresh backend: a future left "running" by a dead engine left no trace (results and
+        state changes are stored only on completion), so it runs again; live models are rebuilt from their
+        completed requests (engine/replay.py). A request that was running during MAX_ATTEMPTS crashes fails
+        instead, so one poisonous request cannot crash-loop the engine."""
         self.checkpointer.recover()
-        interrupted = {"category": "server", "code": "internal",
-                       "message": "the engine stopped while running this request; retry it"}
         with self.sessions.begin() as db:
             for f in db.scalars(select(FutureRecord).where(FutureRecord.status == FutureStatus.RUNNING.value)):
-                if f.request_type == "sample":
-                    f.status = FutureStatus.PENDING.value
+                if f.attempts >= MAX_ATTEMPTS:
+                    f.status, f.completed_at = FutureStatus.FAILED.value, datetime.now(timezone.utc)
+                    f.error = {"category": "server", "code": "internal", "message": f"the engine stopped "
+                               f"{f.attempts} times while running this request; it will not be retried"}
+                    log.error("request %s failed after %d engine crashes", f.id, f.attempts)
                 else:
-                    f.status, f.error = FutureStatus.FAILED.value, interrupted
-                    f.completed_at = datetime.now(timezone.utc)
-            # A fresh backend holds no models: models of an earlier server run are gone until checkpoints
-            # can restore them, so the database must not keep claiming they exist.
-            for model in db.scalars(select(ModelRecord).where(ModelRecord.status == ModelStatus.READY.value)):
-                model.status = ModelStatus.UNLOADED.value
-                log.info("model %s of an earlier run is not loaded any more", model.id)
+                    f.status = FutureStatus.PENDING.value
+                    log.info("request %s was interrupted by an engine stop; it runs again", f.id)
+        replay.rebuild_models(self)
 
     def step(self) -> bool:
         """Runs what is runnable now; returns whether anything happened."""
@@ -197,26 +197,39 @@ class EngineLoop:
         return {"path": request["path"]}
 
     def _create_model(self, f: FutureRecord) -> dict[str, Any]:
-        r = f.request
-        seed = r.get("seed")
-        if seed is None:  # the SDK's "random seed"
-            seed = random.getrandbits(63)
+        model_id = f.request["model_id"]
+        try:
+            result = self.create_in_backend(f.request)
+        except Exception:
+            with self.sessions.begin() as db:
+                db.get(ModelRecord, model_id).status = ModelStatus.FAILED.value
+            raise
+        with self.sessions.begin() as db:
+            db.get(ModelRecord, model_id).status = ModelStatus.READY.value
+        return result
+
+    def create_in_backend(self, r: dict[str, Any]) -> dict[str, Any]:
+        """Creates (and, for create-from-checkpoint, loads) a model. An unseeded LoRA gets a random seed,
+        recorded on the model so a rebuild after an engine restart creates the very same adapter."""
+        with self.sessions.begin() as db:
+            model = db.get(ModelRecord, r["model_id"])
+            seed = r.get("seed")
+            if seed is None:
+                seed = (model.lora_config or {}).get("seed")
+            if seed is None:  # the SDK's "random seed"
+                seed = random.getrandbits(63)
+                model.lora_config = {**(model.lora_config or {}), "seed": seed}
         self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA, seed=seed,
                                   train_attn=r["train_attn"], train_mlp=r["train_mlp"],
                                   train_unembed=r["train_unembed"])
-        result: dict[str, Any] = {"model_id": r["model_id"]}
-        if r.get("load"):  # create_training_client_from_state: the model starts from a checkpoint
-            try:
-                result = self.checkpointer.load_into(r["model_id"], r["load"]["path"], bool(r["load"]["optimizer"]),
-                                                     fresh=True)
-            except Exception:
-                self.backend.remove_model(r["model_id"])
-                with self.sessions.begin() as db:
-                    db.get(ModelRecord, r["model_id"]).status = ModelStatus.FAILED.value
-                raise
-        with self.sessions.begin() as db:
-            db.get(ModelRecord, r["model_id"]).status = ModelStatus.READY.value
-        return result
+        if not r.get("load"):
+            return {"model_id": r["model_id"]}
+        try:  # create_training_client_from_state: the model starts from a checkpoint
+            return self.checkpointer.load_into(r["model_id"], r["load"]["path"], bool(r["load"]["optimizer"]),
+                                               fresh=True)
+        except Exception:
+            self.backend.remove_model(r["model_id"])
+            raise
 
     # ---- sampling ------------------------------------------------------------------------------
     def _submit_sample(self, f: FutureRecord) -> None:

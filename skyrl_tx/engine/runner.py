@@ -1,4 +1,4 @@
-"""EngineRunner: hosts the EngineLoop in a thread of the server process; a crashed step never stops it."""
+"""run_engine: the engine's main loop (recover, then step until stopped); EngineRunner hosts it in a thread."""
 
 from __future__ import annotations
 
@@ -18,25 +18,49 @@ from skyrl_tx.engine.loop import EngineLoop
 log = logging.getLogger("skyrl_tx.engine")
 
 IDLE_WAIT_S = 0.05  # upper bound on pick-up latency if a wake-up is ever missed; wake() is the hot path
-SWEEP_EVERY_S = 5.0  # how often silent sessions are looked for
+SWEEP_EVERY_S = 5.0  # how often silent sessions and expired checkpoints are looked for
+
+
+def build_loop(backend: Any, sessions: sessionmaker[Session], store: CheckpointStore, model_dir: Path,
+               notify: Callable[[Iterable[str]], None], session_timeout_s: float) -> EngineLoop:
+    checkpointer = Checkpointer(backend, store, sessions, model_dir)
+    return EngineLoop(backend, sessions, checkpointer, notify=notify, session_timeout_s=session_timeout_s)
+
+
+def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
+               on_ready: Callable[[], None] = lambda: None) -> None:
+    """Recovers (rebuilding models from the request log), then runs steps until `stop` is set.
+    A failing step is logged and the loop goes on: its requests already carry their errors."""
+    loop.recover()
+    on_ready()
+    next_sweep = time.monotonic() + SWEEP_EVERY_S
+    while not stop.is_set():
+        try:
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_EVERY_S
+                loop.expire_sessions()
+            worked = loop.step()
+        except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
+            log.exception("engine step failed; continuing")
+            worked = False
+        if not worked:
+            wake.wait(IDLE_WAIT_S)
+            wake.clear()
 
 
 class EngineRunner:
-    """Owns the backend (built in the engine thread, so only that thread ever touches it)."""
+    """The engine in a thread of the server process (`--engine thread`). The thread loads the backend
+    itself, so only that thread ever touches it. Same face as EngineProcess."""
 
-    def __init__(self, backend_factory: Callable[[], Any], session_factory: sessionmaker[Session],
-                 store: CheckpointStore, model_dir: Path,
-                 on_finished: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
-        self._backend_factory = backend_factory
-        self._store = store
-        self._model_dir = model_dir
-        self._sessions = session_factory
+    def __init__(self, settings: Any, on_finished: Callable[[Iterable[str]], None] = lambda ids: None):
+        self._settings = settings  # EngineSettings
         self._on_finished = on_finished
-        self._session_timeout_s = session_timeout_s
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.ready = threading.Event()
         self.failed: BaseException | None = None
+        self.pid: int | None = None  # no separate engine process
+        self.restarts = 0
         self._thread = threading.Thread(target=self._run, name="skyrl-tx-engine", daemon=True)
 
     def start(self) -> None:
@@ -53,27 +77,27 @@ class EngineRunner:
 
     def _run(self) -> None:
         try:
-            backend = self._backend_factory()
+            self._settings.run(self._stop, self._wake, notify=self._on_finished, on_ready=self.ready.set)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the server at startup
             self.failed = exc
-            log.exception("engine: loading the backend failed")
+            log.exception("engine: start-up failed")
             self.ready.set()
-            return
-        checkpointer = Checkpointer(backend, self._store, self._sessions, self._model_dir)
-        loop = EngineLoop(backend, self._sessions, checkpointer, notify=self._on_finished,
-                          session_timeout_s=self._session_timeout_s)
-        loop.recover()
+
+
+class ExternalEngine:
+    """`--engine external`: an engine started on its own (`skyrl-tx engine`) serves this database. The
+    API cannot wake it; it polls the database (IDLE_WAIT_S) and retrieve_future re-reads it."""
+
+    pid: int | None = None
+    failed: BaseException | None = None
+    restarts = 0
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
         self.ready.set()
-        next_sweep = time.monotonic() + SWEEP_EVERY_S
-        while not self._stop.is_set():
-            try:
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + SWEEP_EVERY_S
-                    loop.expire_sessions()
-                worked = loop.step()
-            except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
-                log.exception("engine step failed; continuing")
-                worked = False
-            if not worked:
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
+
+    def start(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...

@@ -30,7 +30,7 @@ def test_api_module_serves_and_logs_readiness(preset_cache: Path) -> None:
         with urllib.request.urlopen(f"{url}/api/v1/get_server_capabilities", timeout=10) as response:
             capabilities = json.loads(response.read())
     assert "model loaded: LlamaForCausalLM" in log and "listening on http://127.0.0.1:" in log
-    assert "engine ready: serving tiny-llama3" in log
+    assert "engine ready (process, pid " in log and "): serving tiny-llama3" in log
     assert capabilities["supported_models"][0]["model_name"] == "tiny-llama3"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import torch
 from sqlalchemy import select
 
 from skyrl_tx.backend.native import NativeBackend
@@ -14,7 +15,7 @@ from skyrl_tx.db.models import FutureRecord, ModelRecord, SessionRecord, request
 from skyrl_tx.db.session import make_engine, make_session_factory
 from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.engine.checkpointing import Checkpointer
-from skyrl_tx.engine.loop import EngineLoop
+from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
 
 DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
     "target_tokens": {"dtype": "int64", "shape": [4], "values": [6, 7, 8, 9]},
@@ -97,18 +98,39 @@ def test_silent_session_loses_its_models_and_frees_the_slot(loop: EngineLoop) ->
     loop.backend.create_model("reuses-the-slot", lora_rank=4)  # max_lora_adapters=2: the old slot is free again
 
 
-def test_recover_fails_interrupted_training_and_requeues_sampling(loop: EngineLoop) -> None:
+def test_restarted_engine_rebuilds_models_and_reruns_interrupted_requests(loop: EngineLoop, tiny_model_dir) -> None:
     create(loop, "s", "s:train:0")
-    interrupted = future("s:train:0:1", "optim_step", {"model_id": "s:train:0", "adam_params": {}}, "s:train:0", 1)
-    interrupted.status = "running"
+    fb = {"model_id": "s:train:0", "loss_fn": "cross_entropy", "loss_fn_config": {}, "data": [DATUM]}
+    add(loop, future("s:train:0:1", "forward_backward", fb, "s:train:0", 1),
+        future("s:train:0:2", "optim_step", {"model_id": "s:train:0", "adam_params": {"learning_rate": 0.05}},
+               "s:train:0", 2),
+        future("s:train:0:3", "forward_backward", fb, "s:train:0", 3))
+    for _ in range(4):
+        loop.step()
+    state, grads = loop.backend.trainable_state("s:train:0"), loop.backend.trainable_grads("s:train:0")
+    interrupted = future("s:train:0:4", "optim_step", {"model_id": "s:train:0", "adam_params": {}}, "s:train:0", 4)
+    interrupted.status, interrupted.attempts = "running", 1  # the engine died while running it
+    poisonous = future("s:train:0:99", "forward", fb, "s:train:0", 99)
+    poisonous.status, poisonous.attempts = "running", MAX_ATTEMPTS  # it was running in every crash so far
     sample = future("smp:0", "sample", {"weights_id": "", "prompt_tokens": [1, 2], "num_samples": 1,
                                         "sampling_params": {"max_tokens": 2, "temperature": 0.0}})
     sample.status = "running"
-    add(loop, interrupted, sample)
-    loop.recover()
-    done = results(loop)
-    assert done["s:train:0:1"].status == "failed" and "retry" in done["s:train:0:1"].error["message"]
-    assert done["smp:0"].status == "pending"
+    add(loop, interrupted, poisonous, sample)
+
+    # A new engine on a fresh backend (what a restarted engine process has) and the same database.
+    backend = NativeBackend(tiny_model_dir("tiny-qwen3"), BackendSettings(max_lora_adapters=2))
+    checkpointer = Checkpointer(backend, loop.checkpointer.store, loop.sessions, loop.checkpointer.model_dir)
+    restarted = EngineLoop(backend, loop.sessions, checkpointer, session_timeout_s=60)
+    restarted.recover()
+    for name, tensor in backend.trainable_state("s:train:0").items():
+        torch.testing.assert_close(tensor, state[name], atol=1e-6, rtol=1e-6)
+    for name, tensor in backend.trainable_grads("s:train:0").items():
+        torch.testing.assert_close(tensor, grads[name], atol=1e-6, rtol=1e-6)
+    done = results(restarted)
+    assert done["s:train:0:4"].status == "pending" and done["smp:0"].status == "pending"
+    assert done["s:train:0:99"].status == "failed" and "will not be retried" in done["s:train:0:99"].error["message"]
     for _ in range(5):
-        loop.step()
-    assert results(loop)["smp:0"].status == "completed"
+        restarted.step()
+    done = results(restarted)
+    assert done["s:train:0:4"].status == "completed" and done["smp:0"].status == "completed"
+    assert done["s:train:0:4"].attempts == 2

@@ -15,6 +15,8 @@ from skyrl_tx.errors import NotFoundError
 
 router = APIRouter(prefix="/api/v1")
 PROTOBUF = "application/x-protobuf"
+RECHECK_S = 1.0  # safety net only: results normally arrive by notification
+EXTERNAL_RECHECK_S = 0.05  # an external engine cannot notify this process: the database is the only signal
 
 
 class RetrieveFutureRequest(BaseModel):
@@ -61,11 +63,19 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Resp
         future = await asyncio.to_thread(_load, request, body.request_id)
         if future is None:
             raise NotFoundError(f"retrieve_future: request {body.request_id!r} not found")
-        if future.status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
-            try:
-                await asyncio.wait_for(event.wait(), timeout=settings.long_poll_s)
-            except TimeoutError:
+        # Woken by the engine's notification at once; the database is re-read every `recheck` seconds as
+        # well, for an engine that cannot notify this process (--engine external, or one that just died).
+        recheck = EXTERNAL_RECHECK_S if settings.engine == "external" else RECHECK_S
+        deadline = asyncio.get_running_loop().time() + settings.long_poll_s
+        while future.status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
                 return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(recheck, remaining))
+            except TimeoutError:
+                pass
+            event.clear()
             future = await asyncio.to_thread(_load, request, body.request_id)
         return _render(future, request.headers.get("accept", ""))
     finally:

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
@@ -83,5 +83,7 @@ def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+def healthz(request: Request) -> dict[str, Any]:
+    engine = request.app.state.engine
+    return {"status": "ok", "engine": request.app.state.settings.engine, "engine_pid": engine.pid,
+            "engine_restarts": engine.restarts}

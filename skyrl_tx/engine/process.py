@@ -1,0 +1,103 @@
+"""EngineProcess: runs the engine as a child process of the API server and restarts it when it dies.
+
+Protocol over the child's pipes (no polling on the hot path): the server writes a line to the engine's
+stdin to wake it after storing a request; the engine writes `ready` once it has recovered, and
+`done <future id> ...` whenever futures finish. The engine exits when its stdin closes (server gone).
+Pending requests live in the database, so a restarted engine simply picks them up (engine/replay.py
+rebuilds the models).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+log = logging.getLogger("skyrl_tx.engine")
+
+RESTART_DELAYS_S = (0.2, 1.0, 5.0)  # back-off between restarts after crashes in quick succession
+STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
+
+
+class EngineProcess:
+    """Same face as EngineRunner: start(), wake(), stop(), ready, failed, pid."""
+
+    def __init__(self, argv: Sequence[str], on_finished: Callable[[Iterable[str]], None] = lambda ids: None):
+        self._argv = [sys.executable, "-m", "skyrl_tx.engine", *argv]
+        self._on_finished = on_finished
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+        self.ready = threading.Event()
+        self.failed: BaseException | None = None
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        threading.Thread(target=self._supervise, name="skyrl-tx-engine-supervisor", daemon=True).start()
+
+    def wake(self) -> None:
+        with self._lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                return
+            try:
+                process.stdin.write(b"\n")
+                process.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):  # dying: the restarted engine reads the database
+                pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        with self._lock:
+            process = self._process
+            if process is not None and process.stdin is not None:
+                try:
+                    process.stdin.close()  # the engine finishes its step and exits
+                except OSError:
+                    pass
+        if process is not None:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _supervise(self) -> None:
+        crashes = 0
+        while not self._stopping:
+            started = time.monotonic()
+            with self._lock:
+                self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            process = self._process
+            log.info("engine process %d started", process.pid)
+            self._read_events(process)
+            code = process.wait()
+            if self._stopping:
+                return
+            if not self.ready.is_set():  # never came up: a configuration problem, not a crash to retry
+                self.failed = RuntimeError(f"the engine process exited with code {code} during start-up "
+                                           "(see the log above)")
+                self.ready.set()
+                return
+            crashes = 0 if time.monotonic() - started > STABLE_AFTER_S else crashes + 1
+            delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1] if crashes else RESTART_DELAYS_S[0]
+            log.error("engine process %d exited with code %s; restarting in %.1fs (pending requests are kept)",
+                      process.pid, code, delay)
+            self.restarts += 1
+            time.sleep(delay)
+
+    def _read_events(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            line = raw.decode(errors="replace").strip()
+            if line == "ready":
+                self.ready.set()
+            elif line.startswith("done "):
+                self._on_finished(line.split()[1:])

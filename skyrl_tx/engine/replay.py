@@ -1,0 +1,67 @@
+"""rebuild_models: after an engine restart, re-creates every live model by re-running its completed requests.
+
+The futures table is a write-ahead log of each model's state changes: create (or create-from-checkpoint),
+forward_backward (gradients), optim_step, load_weights and ephemeral sampler snapshots. Re-running a model's
+completed requests in seq_id order on a fresh backend rebuilds its exact state (per-model computation is
+independent of what else shared a batch), so a request interrupted mid-run can simply run again: none of its
+effects survived the crash, and none of the completed ones are lost. The cost is proportional to the
+model's history since creation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import select
+
+from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus
+from skyrl_tx.engine import executor
+
+log = logging.getLogger("skyrl_tx.engine")
+
+STATEFUL = ("forward_backward", "optim_step", "load_weights", "save_weights_for_sampler")
+
+
+def rebuild_models(loop: Any) -> list[str]:
+    """Rebuilds every READY model on loop.backend; a model that cannot be rebuilt is marked failed.
+    Returns the rebuilt model ids."""
+    with loop.sessions() as db:
+        models = list(db.scalars(select(ModelRecord).where(ModelRecord.status == ModelStatus.READY.value)
+                                 .order_by(ModelRecord.created_at)))
+        db.expunge_all()
+    rebuilt = []
+    for model in models:
+        try:
+            steps = _replay(loop, model.id)
+        except Exception:  # noqa: BLE001 - one broken history must not keep the others from coming back
+            log.exception("model %s could not be rebuilt from its request log; marking it failed", model.id)
+            with loop.sessions.begin() as db:
+                db.get(ModelRecord, model.id).status = ModelStatus.FAILED.value
+            continue
+        rebuilt.append(model.id)
+        log.info("model %s rebuilt from its request log (%d requests replayed)", model.id, steps)
+    return rebuilt
+
+
+def _replay(loop: Any, model_id: str) -> int:
+    with loop.sessions() as db:
+        create = db.get(FutureRecord, f"{model_id}:create")
+        history = list(db.scalars(select(FutureRecord).where(
+            FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value,
+            FutureRecord.request_type.in_(STATEFUL)).order_by(FutureRecord.seq_id)))
+        db.expunge_all()
+    if create is None or create.status != FutureStatus.COMPLETED.value:
+        raise RuntimeError(f"model {model_id} has no completed create request")
+    loop.create_in_backend(create.request)
+    for f in history:
+        request = f.request
+        if f.request_type == "forward_backward":
+            loop.backend.forward_backward([executor.train_request(request)])
+        elif f.request_type == "optim_step":
+            loop.backend.optim_step(model_id, executor.adam_params(request))
+        elif f.request_type == "load_weights":
+            loop.checkpointer.load_into(model_id, request["path"], bool(request["optimizer"]), fresh=True)
+        elif request.get("sampling_session_id"):  # an ephemeral sampler: frozen at this point of the history
+            loop.backend.snapshot(model_id, request["sampling_session_id"])
+    return len(history)

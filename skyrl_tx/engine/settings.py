@@ -1,0 +1,63 @@
+"""EngineSettings: what an engine process needs to start (passed to it as JSON), and how it starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skyrl_tx.config import BackendSettings, ServerSettings
+
+log = logging.getLogger("skyrl_tx.engine")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    base_model: str
+    model_dir: str  # resolved by the server, so both processes use the very same files
+    database_url: str
+    checkpoints_base: str
+    backend: dict[str, Any] = field(default_factory=dict)  # BackendSettings fields
+    checkpoints_storage_options: dict[str, Any] = field(default_factory=dict)
+    session_timeout_s: float = 300.0
+
+    @classmethod
+    def for_server(cls, settings: ServerSettings, model_dir: Path, database_url: str,
+                   checkpoints_base: str) -> EngineSettings:
+        return cls(base_model=settings.base_model, model_dir=str(model_dir), database_url=database_url,
+                   checkpoints_base=checkpoints_base, backend=dataclasses.asdict(settings.backend),
+                   checkpoints_storage_options=dict(settings.checkpoints_storage_options),
+                   session_timeout_s=settings.session_timeout_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> EngineSettings:
+        return cls(**raw)
+
+    def run(self, stop: threading.Event, wake: threading.Event, notify: Callable[[Iterable[str]], None],
+            on_ready: Callable[[], None]) -> None:
+        """Loads the base model and runs the engine loop until `stop` is set (this thread owns the backend)."""
+        from skyrl_tx.backend.native import NativeBackend
+        from skyrl_tx.checkpoints.store import CheckpointStore
+        from skyrl_tx.db.session import make_engine, make_session_factory
+        from skyrl_tx.engine.runner import build_loop, run_engine
+
+        backend_settings = BackendSettings.from_dict(self.backend)
+        started = time.perf_counter()
+        log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
+                 backend_settings.dtype, backend_settings.device)
+        backend = NativeBackend(Path(self.model_dir), backend_settings)
+        cfg = backend.decoder_config
+        log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
+                 cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
+        sessions = make_session_factory(make_engine(self.database_url))
+        store = CheckpointStore(self.checkpoints_base, self.checkpoints_storage_options)
+        loop = build_loop(backend, sessions, store, Path(self.model_dir), notify, self.session_timeout_s)
+        run_engine(loop, stop, wake, on_ready=on_ready)
