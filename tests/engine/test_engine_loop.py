@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -11,9 +12,10 @@ from sqlalchemy import select
 from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.db import migrate
-from skyrl_tx.db.models import FutureRecord, ModelRecord, SessionRecord, request_hash
+from skyrl_tx.db.models import CheckpointRecord, FutureRecord, ModelRecord, SessionRecord, request_hash
 from skyrl_tx.db.session import make_engine, make_session_factory
-from skyrl_tx.checkpoints.store import CheckpointStore
+from skyrl_tx.checkpoints.paths import TinkerPath
+from skyrl_tx.checkpoints.store import PARTIAL_MARKER, CheckpointStore
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
 
@@ -134,3 +136,24 @@ def test_restarted_engine_rebuilds_models_and_reruns_interrupted_requests(loop: 
     done = results(restarted)
     assert done["s:train:0:4"].status == "completed" and done["smp:0"].status == "completed"
     assert done["s:train:0:4"].attempts == 2
+
+
+def test_save_interrupted_by_an_engine_stop_is_never_listed(loop: EngineLoop) -> None:
+    create(loop, "s", "s:train:0")
+    store = loop.checkpointer.store
+    path = TinkerPath("s:train:0", "weights", "cut_short")
+    partial = f"{store.location(path)}{PARTIAL_MARKER}0123"
+    os.makedirs(partial)  # what a process killed mid-write leaves behind
+    add(loop, CheckpointRecord(model_id="s:train:0", kind="weights", name="cut_short", tinker_path=str(path),
+                               storage_uri=store.location(path), status="writing"))
+    loop.recover()
+    with loop.sessions() as db:
+        row = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path)))
+        assert row.status == "failed"
+    assert not os.path.exists(partial)
+    # The name is free again: the next save of it succeeds and is listed.
+    add(loop, future("s:train:0:1", "save_weights", {"model_id": "s:train:0", "path": str(path)}, "s:train:0", 1))
+    loop.step()
+    assert results(loop)["s:train:0:1"].status == "completed"
+    with loop.sessions() as db:
+        assert db.scalar(select(CheckpointRecord.status).where(CheckpointRecord.tinker_path == str(path))) == "ready"
