@@ -37,6 +37,9 @@ PY="$VENV/bin/python"
 step "build + install skyrl_tx (editable, GoogleTests on)"
 "$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py \
   -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON
+# tinker-cookbook without its dependencies: it pins tml-renderers>=0.4.1, which PyPI does not have; what
+# the recipes import comes with the `test` extra (see pyproject.toml).
+"$PY" -m pip install -q --no-deps "tinker-cookbook==0.6.1"
 WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CUDA))")
 echo "CUDA path compiled: $WITH_CUDA"
 
