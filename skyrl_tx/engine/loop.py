@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
-from skyrl_tx.engine import executor, replay
+from skyrl_tx.engine import executor, replay, snapshots
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, UnimplementedError
 
@@ -186,15 +186,17 @@ class EngineLoop:
             if self.backend.has_snapshot(snapshot_id):  # an overwrite: the old frozen weights are stale
                 self.backend.remove_snapshot(snapshot_id)
             self.backend.snapshot(request["model_id"], snapshot_id)
+            with self.sessions() as db:
+                snapshots.release_old_snapshots(self.backend, db, request["model_id"])
             return result
         self.backend.snapshot(request["model_id"], snapshot_id)
-        if request.get("sampling_session_id"):
-            with self.sessions.begin() as db:
-                model = db.get(ModelRecord, request["model_id"])
-                db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
-                                             model_id=model.id, snapshot_id=snapshot_id))
-            return {"sampling_session_id": snapshot_id}
-        return {"path": request["path"]}
+        with self.sessions.begin() as db:
+            model = db.get(ModelRecord, request["model_id"])
+            db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
+                                         model_id=model.id, snapshot_id=snapshot_id))
+            db.flush()
+            snapshots.release_old_snapshots(self.backend, db, model.id)
+        return {"sampling_session_id": snapshot_id}
 
     def _create_model(self, f: FutureRecord) -> dict[str, Any]:
         model_id = f.request["model_id"]
@@ -235,7 +237,10 @@ class EngineLoop:
     def _submit_sample(self, f: FutureRecord) -> None:
         self._mark_running([f])
         try:
-            self.checkpointer.ensure_snapshot(f.request.get("weights_id", ""))
+            weights_id = f.request.get("weights_id", "")
+            if ":sample:" in weights_id and not self.backend.has_snapshot(weights_id):
+                raise snapshots.released_error(weights_id)
+            self.checkpointer.ensure_snapshot(weights_id)
             self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f.id
         except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
             self._finish(f, error=_error(exc))

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 
 from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus
-from skyrl_tx.engine import executor
+from skyrl_tx.engine import executor, snapshots
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -50,6 +50,7 @@ def _replay(loop: Any, model_id: str) -> int:
         history = list(db.scalars(select(FutureRecord).where(
             FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value,
             FutureRecord.request_type.in_(STATEFUL)).order_by(FutureRecord.seq_id)))
+        kept = set(snapshots.ephemeral_newest_first(db, model_id)[:snapshots.KEEP_PER_MODEL])
         db.expunge_all()
     if create is None or create.status != FutureStatus.COMPLETED.value:
         raise RuntimeError(f"model {model_id} has no completed create request")
@@ -62,6 +63,6 @@ def _replay(loop: Any, model_id: str) -> int:
             loop.backend.optim_step(model_id, executor.adam_params(request))
         elif f.request_type == "load_weights":
             loop.checkpointer.load_into(model_id, request["path"], bool(request["optimizer"]), fresh=True)
-        elif request.get("sampling_session_id"):  # an ephemeral sampler: frozen at this point of the history
+        elif request.get("sampling_session_id") in kept:  # an ephemeral sampler, frozen at this point
             loop.backend.snapshot(model_id, request["sampling_session_id"])
     return len(history)

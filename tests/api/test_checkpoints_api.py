@@ -85,10 +85,10 @@ def test_load_into_a_model_that_trained_is_refused(service_client, trained) -> N
         trained.load_state(path).result()
 
 
-def test_external_export_loads_in_peft_and_merged_hf(service_client, trained, tiny_model_dir, tmp_path) -> None:
+def test_external_export_loads_in_peft_and_merged_hf(service_client, trained, tinker_env, tiny_model_dir, tmp_path) -> None:
     from peft import PeftModel
 
-    rest = tinker.RestClient()
+    rest = tinker.RestClient(base_url=tinker_env)
     path = trained.save_weights_external("export").result().path
     adapter_dir = download(rest, path, tmp_path / "adapter")
     assert json.loads((adapter_dir / "adapter_config.json").read_text())["r"] == 4
@@ -116,8 +116,8 @@ def test_sampler_checkpoint_samples_from_another_session(service_client, trained
     assert there.sequences[0].tokens == here.sequences[0].tokens
 
 
-def test_list_info_delete_and_bare_id(service_client, trained) -> None:
-    rest = tinker.RestClient()
+def test_list_info_delete_and_bare_id(service_client, trained, tinker_env) -> None:
+    rest = tinker.RestClient(base_url=tinker_env)
     state = trained.save_state("listed").result().path
     sampler = trained.save_weights_for_sampler("listed_sampler").result().path
     ids = {c.checkpoint_id: c for c in rest.list_checkpoints(trained.model_id).result().checkpoints}
@@ -141,8 +141,8 @@ def test_list_info_delete_and_bare_id(service_client, trained) -> None:
             types.ModelInput.from_ints(TOKENS[:4]), 1, types.SamplingParams(max_tokens=2)).result()
 
 
-def test_deleted_checkpoint_leaves_storage(service_client, trained) -> None:
-    rest = tinker.RestClient()
+def test_deleted_checkpoint_leaves_storage(service_client, trained, tinker_env) -> None:
+    rest = tinker.RestClient(base_url=tinker_env)
     path = trained.save_weights_external("to_delete").result().path
     urls = rest.get_external_weights_urls(path).result().urls
     rest.delete_checkpoint_from_tinker_path(path).result()

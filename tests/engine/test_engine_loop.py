@@ -18,6 +18,7 @@ from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import PARTIAL_MARKER, CheckpointStore
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
+from skyrl_tx.engine.snapshots import KEEP_PER_MODEL
 
 DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
     "target_tokens": {"dtype": "int64", "shape": [4], "values": [6, 7, 8, 9]},
@@ -157,3 +158,22 @@ def test_save_interrupted_by_an_engine_stop_is_never_listed(loop: EngineLoop) ->
     assert results(loop)["s:train:0:1"].status == "completed"
     with loop.sessions() as db:
         assert db.scalar(select(CheckpointRecord.status).where(CheckpointRecord.tinker_path == str(path))) == "ready"
+
+
+def test_only_the_newest_sampler_snapshots_of_a_model_stay_in_memory(loop: EngineLoop) -> None:
+    create(loop, "s", "s:train:0")
+    count = KEEP_PER_MODEL + 2
+    for i in range(1, count + 1):
+        add(loop, future(f"s:train:0:{i}", "save_weights_for_sampler",
+                         {"model_id": "s:train:0", "sampling_session_id": f"s:sample:{i}"}, "s:train:0", i))
+        loop.step()
+    assert [loop.backend.has_snapshot(f"s:sample:{i}") for i in range(1, count + 1)] == [False] * 2 + [True] * KEEP_PER_MODEL
+    body = {"prompt_tokens": [1, 2], "num_samples": 1, "sampling_params": {"max_tokens": 2, "temperature": 0.0}}
+    add(loop, future("old", "sample", {**body, "weights_id": "s:sample:1"}),
+        future("new", "sample", {**body, "weights_id": f"s:sample:{count}"}))
+    for _ in range(5):
+        loop.step()
+    done = results(loop)
+    assert done["old"].status == "failed" and "weights were released" in done["old"].error["message"]
+    assert done["old"].error["category"] == "user"
+    assert done["new"].status == "completed"
