@@ -144,3 +144,14 @@ def test_external_engine_serves_the_api(sdk_env, monkeypatch, preset_cache, tmp_
         except subprocess.TimeoutExpired:
             engine.kill()
         engine_log.close()
+
+
+def test_thread_engine_serves_the_api(sdk_env, monkeypatch, preset_cache) -> None:
+    with live_server(extra_args=["--engine", "thread"]) as url:
+        monkeypatch.setenv("TINKER_BASE_URL", url)
+        assert health(url)["engine"] == "thread" and health(url)["engine_pid"] is None
+        with tinker.ServiceClient() as service:
+            client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
+            first = loss(client.forward_backward(batch(0), "cross_entropy").result())
+            client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            assert loss(client.forward_backward(batch(0), "cross_entropy").result()) < first
