@@ -29,11 +29,11 @@ def warm_start(run_recipe, model_dir: Path, workdir: Path) -> str:
     return run.checkpoints[-1]["state_path"]
 
 
-def math_rl(run_recipe, model_dir: Path, warm_start: str, loss_fn: str, *extra: str, max_steps: int = 3):
+def math_rl(run_recipe, model_dir: Path, warm_start: str, loss_fn: str | None, *extra: str, max_steps: int = 3):
     return run_recipe(MODULE, f"model_name={model_dir}", "renderer_name=role_colon", "env=arithmetic",
                       f"load_checkpoint_path={warm_start}", "group_size=4", "groups_per_batch=8", "max_tokens=8",
                       "lora_rank=8", "learning_rate=3e-4", "eval_every=0", "save_every=0", f"max_steps={max_steps}",
-                      f"loss_fn={loss_fn}", *extra)
+                      *([f"loss_fn={loss_fn}"] if loss_fn else []), *extra)
 
 
 def check_rl_run(run, steps: int) -> None:
@@ -105,3 +105,12 @@ def test_math_rl_num_substeps(run_recipe, model_dir: Path, warm_start: str) -> N
     check_rl_run(run, 3)
     # The second substep trains on logprobs the first one already moved: small, not 0.
     assert all(abs(x) < 0.1 for x in run.series("optim/kl_sample_train_v1")), run.series("optim/kl_sample_train_v1")
+
+
+@pytest.mark.cookbook_full
+def test_math_rl_default_loss(run_recipe, model_dir: Path, warm_start: str) -> None:
+    """No loss_fn flag: the recipe's default (stable_reinforce in 0.6.1)."""
+    run = math_rl(run_recipe, model_dir, warm_start, None)
+    check_rl_run(run, 3)
+    check_sampler_trainer_agree(run)
+    assert json.loads((run.log_path / "config.json").read_text())["loss_fn"] == "stable_reinforce"
