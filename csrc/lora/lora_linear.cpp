@@ -2,6 +2,7 @@
 #include "lora/lora_linear.h"
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -18,28 +19,96 @@ LoraLinear::LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, in
   b_ = at::zeros({num_slots, out_features(), max_rank}, opts).requires_grad_(true);
 }
 
-at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segments) const {
-  at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
-  bool any_lora = false;
-  for (const Segment& s : segments.segments()) any_lora = any_lora || ranks_[s.slot] > 0;
-  if (!any_lora) return y;
+namespace {
 
-  // One small matmul pair per adapter segment; segments without LoRA contribute zeros.
-  std::vector<at::Tensor> deltas;
-  deltas.reserve(segments.segments().size());
-  for (const Segment& s : segments.segments()) {
-    const int64_t rank = ranks_[s.slot];
-    if (rank == 0) {
-      deltas.push_back(at::zeros({s.length, out_features()}, y.options()));
-      continue;
+// One adapter segment with LoRA enabled, flattened into the integers an autograd node can store.
+constexpr int64_t kSegmentFields = 4;  // slot, begin, length, rank
+
+at::Tensor slot_a(const at::Tensor& a, int64_t slot, int64_t rank, at::ScalarType dtype) {
+  return a.select(0, slot).narrow(0, 0, rank).to(dtype);  // [rank, in]
+}
+
+at::Tensor slot_b(const at::Tensor& b, int64_t slot, int64_t rank, at::ScalarType dtype) {
+  return b.select(0, slot).narrow(1, 0, rank).to(dtype);  // [out, rank]
+}
+
+// y = x W^T + b + sum_s scaling_s (x_s A_s^T) B_s^T in one autograd node (W and b frozen). The LoRA update
+// is accumulated into y in place (no per-segment delta, concat or scale pass), and the backward writes each
+// adapter's factor gradients straight into its slot of one [S, ...] buffer: the ATen twin of a
+// segmented-gather LoRA kernel (Punica SGMV, Chen et al. 2023).
+class LoraFunction : public torch::autograd::Function<LoraFunction> {
+ public:
+  // NOTE: the frozen weight and bias come through `base`, not as autograd inputs (an undefined bias cannot be one).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& a,
+                            const at::Tensor& b, const LoraLinear* base, const std::vector<int64_t>& segments,
+                            const std::vector<double>& scalings) {
+    at::Tensor y = at::linear(x, base->weight(), base->bias());  // [N, out]
+    std::vector<at::Tensor> saved{x, a, b, base->weight()};
+    for (size_t i = 0; i < scalings.size(); ++i) {
+      const int64_t* s = &segments[i * kSegmentFields];
+      at::Tensor xa = at::mm(x.narrow(0, s[1], s[2]), slot_a(a, s[0], s[3], x.scalar_type()).t());  // [n, rank]
+      y.narrow(0, s[1], s[2]).addmm_(xa, slot_b(b, s[0], s[3], x.scalar_type()).t(), 1.0, scalings[i]);
+      saved.push_back(xa);
     }
-    at::Tensor xs = x.narrow(0, s.begin, s.length);                // [n, in]
-    at::Tensor a = a_.select(0, s.slot).narrow(0, 0, rank);        // [rank, in]
-    at::Tensor b = b_.select(0, s.slot).narrow(1, 0, rank);        // [out, rank]
-    at::Tensor delta = at::linear(at::linear(xs, a.to(xs.scalar_type())), b.to(xs.scalar_type()));  // [n, out]
-    deltas.push_back(delta * scalings_[s.slot]);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["segments"] = segments;
+    ctx->saved_data["scalings"] = scalings;
+    return y;
   }
-  return y + at::cat(deltas, 0);
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &a = saved[1], &b = saved[2], &weight = saved[3];
+    const std::vector<int64_t> segments = ctx->saved_data["segments"].toIntVector();
+    const std::vector<double> scalings = ctx->saved_data["scalings"].toDoubleVector();
+    const at::Tensor& grad = grads[0];  // [N, out]
+    const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
+    at::Tensor grad_x = need_x ? at::mm(grad, weight.to(grad.scalar_type())) : at::Tensor();  // [N, in]
+    at::Tensor grad_a = need_a ? at::zeros_like(a) : at::Tensor();                             // [S, max_rank, in]
+    at::Tensor grad_b = need_b ? at::zeros_like(b) : at::Tensor();                             // [S, out, max_rank]
+    for (size_t i = 0; i < scalings.size(); ++i) {
+      const int64_t slot = segments[i * kSegmentFields], begin = segments[i * kSegmentFields + 1];
+      const int64_t length = segments[i * kSegmentFields + 2], rank = segments[i * kSegmentFields + 3];
+      const double scaling = scalings[i];
+      at::Tensor g = grad.narrow(0, begin, length);  // [n, out]
+      const at::Tensor& xa = saved[4 + i];            // [n, rank]
+      // NOTE: a slot may own several segments (unsorted rows), so its gradients accumulate.
+      if (need_b) grad_b.select(0, slot).narrow(1, 0, rank).add_(at::mm(g.t(), xa), scaling);
+      if (!need_a && !need_x) continue;
+      at::Tensor g_xa = at::mm(g, slot_b(b, slot, rank, g.scalar_type()));  // [n, rank], before scaling
+      if (need_a) grad_a.select(0, slot).narrow(0, 0, rank).add_(at::mm(g_xa.t(), x.narrow(0, begin, length)), scaling);
+      if (need_x) grad_x.narrow(0, begin, length).addmm_(g_xa, slot_a(a, slot, rank, g.scalar_type()), 1.0, scaling);
+    }
+    return {grad_x, grad_a, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segments) const {
+  std::vector<int64_t> active;  // kSegmentFields per segment whose slot has LoRA here
+  std::vector<double> scalings;
+  for (const Segment& s : segments.segments()) {
+    if (ranks_[s.slot] == 0) continue;
+    active.insert(active.end(), {s.slot, s.begin, s.length, ranks_[s.slot]});
+    scalings.push_back(scalings_[s.slot]);
+  }
+  if (scalings.empty()) return at::linear(x, weight_, bias_);  // [N, out]
+  if (c10::GradMode::is_enabled()) {
+    // NOTE: LoRA slots live only on the shared frozen base (full fine-tuning copies have slot 0 only).
+    SKYRL_TX_INTERNAL_ASSERT(!weight_.requires_grad() && !(bias_.defined() && bias_.requires_grad()),
+                             "LoRA on a trainable base weight is not supported");
+    return LoraFunction::apply(x, a_, b_, this, active, scalings);
+  }
+  // Inference: the same update, in place on the base output.
+  at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
+  for (size_t i = 0; i < scalings.size(); ++i) {
+    const int64_t* s = &active[i * kSegmentFields];
+    at::Tensor xa = at::mm(x.narrow(0, s[1], s[2]), slot_a(a_, s[0], s[3], x.scalar_type()).t());  // [n, rank]
+    y.narrow(0, s[1], s[2]).addmm_(xa, slot_b(b_, s[0], s[3], x.scalar_type()).t(), 1.0, scalings[i]);
+  }
+  return y;
 }
 
 void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator) {

@@ -65,7 +65,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       v_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, v);
     } else {
       using at::indexing::Slice;
-      at::Tensor batch_rows = at::arange(batch, cache->positions.options());
+      at::Tensor batch_rows =
+          cache->batch_rows.defined() ? cache->batch_rows : at::arange(batch, cache->positions.options());
       k_cache.index_put_({batch_rows, Slice(), cache->positions}, k.select(2, 0));  // [B, kv_heads, D]
       v_cache.index_put_({batch_rows, Slice(), cache->positions}, v.select(2, 0));
       k = k_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);  // [B, kv_heads, L, D]

@@ -59,6 +59,7 @@ struct KvCacheView {
   at::Tensor positions;    // decode: int64 [B], where each row's single new token goes
   int64_t attend_len = 0;  // decode: keys [0, attend_len) are read
   at::Tensor attend_mask;  // decode: bool [B, 1, 1, attend_len]
+  at::Tensor batch_rows;   // decode: int64 [B] = arange(B) (built once per step; computed here when undefined)
 };
 
 class Attention {

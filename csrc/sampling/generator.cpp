@@ -220,6 +220,7 @@ void Generator::decode() {
   view.decode = true;
   view.positions = pos;
   view.attend_len = attend_len;
+  view.batch_rows = at::arange(batch, pos.options());  // [B], shared by every layer's cache write
   // Row b sees keys j <= position_b: its prompt, its completion so far and the token written now.
   view.attend_mask = (at::arange(attend_len, pos.options()).unsqueeze(0) <= pos.unsqueeze(1)).view({batch, 1, 1, attend_len});
   at::Tensor hidden = model_.hidden_states(device_tensor(tokens, device).view({batch, 1}), pos.view({batch, 1}),
@@ -245,6 +246,8 @@ void Generator::choose(const std::vector<int64_t>& rows, const at::Tensor& logit
   const at::Device device = logits.device();
   auto floats = [&](const std::vector<float>& v) { return at::tensor(v, at::kFloat).to(device); };
   RowSamplingParams params{floats(temperature), at::tensor(top_k, at::kLong).to(device), floats(top_p), floats(uniform)};
+  params.all_untruncated = std::all_of(top_k.begin(), top_k.end(), [](int64_t k) { return k <= 0; }) &&
+                           std::all_of(top_p.begin(), top_p.end(), [](float p) { return p >= 1.0f; });
   SampledTokens sampled = sample_tokens(logits, params);
   // The step's one device→host copy: stopping decisions need the tokens.
   at::Tensor tokens = sampled.tokens.cpu(), logprobs = sampled.logprobs.cpu();

@@ -1,0 +1,221 @@
+"""`python -m skyrl_tx.bench api`: what the HTTP API adds on top of the compute, through the real tinker SDK.
+
+Method: the server (`python -m skyrl_tx.api`) runs in a subprocess on 127.0.0.1. The SDK times round trips of
+small forward_backward, optim_step and sample calls (submit to `.result()`). The compute of each call is timed
+on a NativeBackend in this process (same base model, same settings, same data, same thread count), and the
+overhead of round trip i is rtt_i - median(compute); p50 and p99 are over i. The server's own futures table
+splits each round trip into queue (stored -> claimed by the engine), engine (claimed -> done, compute included)
+and the rest (HTTP, parsing and storing the request, long-poll wake-up, SDK).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from skyrl_tx.bench.report import write_json
+
+READY_MARKER = "engine ready"
+RANK = 8
+PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
+TRAIN_TOKENS = [5, 17, 300, 42, 7, 99, 1000, 12, 64, 128, 256, 3, 9, 27, 81, 243, 11]  # 16 predicted tokens
+SAMPLE_TOKENS = 8
+TARGET_P50_MS = 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[tuple[str, Path]]:
+    """The real server in a subprocess on a free port, with a fresh data directory; yields (base URL, data dir)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_"))
+    log_path, port = data_dir / "server.log", _free_port()
+    env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
+            "--port", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (READY_MARKER in log_path.read_text(errors="replace") and _healthy(url)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("bench api: the server did not start; log tail:\n"
+                                   + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
+            time.sleep(0.1)
+        yield url, data_dir
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def sdk_round_trips(url: str, base_model: str, warmup: int, reps: int) -> dict[str, list[float]]:
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+    import tinker
+    from tinker import types
+
+    datum = types.Datum(model_input=types.ModelInput.from_ints(TRAIN_TOKENS[:-1]),
+                        loss_fn_inputs={"target_tokens": TRAIN_TOKENS[1:], "weights": [1.0] * (len(TRAIN_TOKENS) - 1)})
+    with tinker.ServiceClient() as service:
+        trainer = service.create_lora_training_client(base_model=base_model, rank=RANK, seed=0).result()
+        sampler = trainer.save_weights_and_get_sampling_client(name="bench").result()
+        prompt = types.ModelInput.from_ints(PROMPT)
+        params = types.SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=1, stop=[])
+        adam = types.AdamParams(learning_rate=1e-4)
+        return {
+            "forward_backward": _timed(lambda: trainer.forward_backward([datum], "cross_entropy").result(), warmup,
+                                       reps),
+            "optim_step": _timed(lambda: trainer.optim_step(adam).result(), warmup, reps),
+            "sample": _timed(lambda: sampler.sample(prompt, 1, params).result(), warmup, reps),
+        }
+
+
+def server_timings(data_dir: Path) -> dict[str, list[tuple[float, float, float]]]:
+    """Per request type, in submission order: (created, started, completed) seconds from the server's own
+    futures table (SQLite in its data directory): when the API stored it, the engine claimed it, it finished."""
+    import sqlite3
+    from datetime import datetime
+
+    def seconds(text: str | None) -> float:
+        return datetime.fromisoformat(text).timestamp() if text else float("nan")
+
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    with contextlib.closing(sqlite3.connect(data_dir / "skyrl_tx.db")) as db:
+        rows = db.execute("SELECT request_type, created_at, started_at, completed_at FROM futures "
+                          "ORDER BY created_at").fetchall()
+    for kind, created, started, completed in rows:
+        out.setdefault(kind, []).append((seconds(created), seconds(started), seconds(completed)))
+    return out
+
+
+def direct_compute(base_model: str, warmup: int, reps: int) -> dict[str, list[float]]:
+    """The same backend calls the engine makes for those requests, without HTTP, database or SDK."""
+    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.types import AdamParams, Datum, SampleRequest, SamplingParams, TrainRequest
+
+    backend = NativeBackend.from_name(base_model)
+    backend.create_model("bench", lora_rank=RANK, alpha=32.0, seed=0)
+    backend.snapshot("bench", "bench@0")
+    request = TrainRequest("bench", [Datum(TRAIN_TOKENS[:-1], {"target_tokens": TRAIN_TOKENS[1:],
+                                                                "weights": [1.0] * (len(TRAIN_TOKENS) - 1)})])
+    sample = SampleRequest(PROMPT, SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=1, stop=[]),
+                           weights_id="bench@0")
+    return {
+        "forward_backward": _timed(lambda: backend.forward_backward([request]), warmup, reps),
+        "optim_step": _timed(lambda: backend.optim_step("bench", AdamParams(learning_rate=1e-4)), warmup, reps),
+        "sample": _timed(lambda: backend.sample([sample]), warmup, reps),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(rtt: dict[str, list[float]], compute: dict[str, list[float]],
+              timings: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, float]]:
+    """Overhead percentiles per call; where the server's futures line up with the timed calls, also where the
+    time went: queue (stored → claimed by the engine), engine (claimed → done, compute included) and outside
+    the engine (HTTP, request parsing and storing, long-poll wake-up, SDK)."""
+    out = {}
+    for call, trips in rtt.items():
+        base = statistics.median(compute[call])
+        overhead = [t - base for t in trips]
+        entry = {"round_trip_p50_ms": percentile(trips, 0.5) * 1e3, "round_trip_p99_ms": percentile(trips, 0.99) * 1e3,
+                 "compute_p50_ms": base * 1e3, "overhead_p50_ms": percentile(overhead, 0.5) * 1e3,
+                 "overhead_p99_ms": percentile(overhead, 0.99) * 1e3, "calls": len(trips)}
+        futures = timings.get(call, [])[-len(trips):]
+        if len(futures) == len(trips):
+            entry["queue_p50_ms"] = percentile([s - c for c, s, _ in futures], 0.5) * 1e3
+            entry["engine_p50_ms"] = percentile([d - s for _, s, d in futures], 0.5) * 1e3
+            outside = [t - (d - c) for t, (c, _, d) in zip(trips, futures)]
+            entry["outside_engine_p50_ms"] = percentile(outside, 0.5) * 1e3
+        out[call] = entry
+    return out
+
+
+def run_api(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m skyrl_tx.bench api", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-model", default="tiny-qwen3")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the direct run")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    with server(args.base_model, args.threads) as (url, data_dir):
+        rtt = sdk_round_trips(url, args.base_model, args.warmup, args.reps)
+        timings = server_timings(data_dir)
+    compute = direct_compute(args.base_model, args.warmup, args.reps)
+    calls = summarize(rtt, compute, timings)
+    p50 = max(c["overhead_p50_ms"] for c in calls.values())
+    report = {"benchmark": "api", "base_model": args.base_model, "threads": args.threads, "reps": args.reps,
+              "method": __doc__.split("Method: ", 1)[1].strip().replace("\n", " "), "calls": calls,
+              "targets": {"overhead_p50_ms": {"target": TARGET_P50_MS, "value": p50, "met": p50 <= TARGET_P50_MS}}}
+    columns = [("round_trip_p50_ms", "round trip p50"), ("round_trip_p99_ms", "p99"), ("compute_p50_ms", "compute p50"),
+               ("overhead_p50_ms", "overhead p50"), ("overhead_p99_ms", "overhead p99"), ("queue_p50_ms", "queue p50"),
+               ("engine_p50_ms", "engine p50"), ("outside_engine_p50_ms", "outside engine p50")]
+    rows = [("call", *(label for _, label in columns))]
+    for name, c in calls.items():
+        rows.append((name, *(f"{c[k]:.2f} ms" if k in c else "-" for k, _ in columns)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"\nAPI overhead, tinker SDK -> {args.base_model} server on 127.0.0.1 ({args.reps} calls each)\n")
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    verdict = "met" if p50 <= TARGET_P50_MS else "MISSED"
+    print(f"\nworst overhead p50 {p50:.2f} ms (target <= {TARGET_P50_MS:g} ms): {verdict}")
+    print("method: " + report["method"])
+    if args.json:
+        write_json(report, args.json)
+        print(f"JSON report: {args.json}")
+    return report

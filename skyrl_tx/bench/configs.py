@@ -1,0 +1,108 @@
+"""Benchmark model shapes and workload sizes (CPU, GPU, tiny smoke test) and their cached random-weight checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from skyrl_tx.models.tiny_presets import (PRESETS, VOCAB_MULTIPLE, TinyPreset, _build_config, _init_weights,
+                                          _patch_legacy_rope_keys, cache_root)
+from skyrl_tx.models.tokenizer_builder import save_hf_tokenizer, special_token_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """How much work each measurement does (identical for skyrl_tx and HF + PEFT)."""
+
+    train_seq_len: int  # tokens per training sequence
+    train_batch: int  # sequences per forward_backward (one adapter); 4-adapter runs give each adapter this many / 4
+    sample_prompt_len: int
+    sample_new_tokens: int
+    lora_rank: int = 16
+    num_adapters: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """A named model + workload. `vocab_size` None: the trained tokenizer's size; else padded up to it."""
+
+    name: str
+    preset: TinyPreset
+    workload: Workload
+    dtype: str  # float32 | bfloat16
+    vocab_size: int | None = None
+
+
+_BASE = PRESETS["tiny-qwen3"]
+
+CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
+    # Smoke test only: tiny-qwen3's shape, minimal work.
+    BenchConfig("tiny", dataclasses.replace(_BASE, name="bench-tiny"),
+                Workload(train_seq_len=32, train_batch=4, sample_prompt_len=8, sample_new_tokens=32, lora_rank=4),
+                dtype="float32"),
+    # CPU: a small Qwen3 where the matmuls dominate (≈27M parameters, 8 layers, hidden 512).
+    BenchConfig("cpu", dataclasses.replace(_BASE, name="bench-cpu", hidden_size=512, intermediate_size=1536,
+                                           num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                                           head_dim=64),
+                Workload(train_seq_len=256, train_batch=4, sample_prompt_len=32, sample_new_tokens=64),
+                dtype="float32"),
+    # GPU: Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8, head_dim 128, tied, 151936 vocab) in bf16.
+    BenchConfig("qwen3-0.6b", dataclasses.replace(_BASE, name="bench-qwen3-0.6b", hidden_size=1024,
+                                                  intermediate_size=3072, num_hidden_layers=28,
+                                                  num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                                  tie_word_embeddings=True, max_position_embeddings=40960),
+                Workload(train_seq_len=1024, train_batch=8, sample_prompt_len=128, sample_new_tokens=256),
+                dtype="bfloat16", vocab_size=151936),
+)}
+
+
+def default_config(device: str) -> str:
+    return "cpu" if device == "cpu" else "qwen3-0.6b"
+
+
+def _spec_hash(cfg: BenchConfig) -> str:
+    spec = {**dataclasses.asdict(cfg.preset), "vocab_size": cfg.vocab_size, "dtype": cfg.dtype}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _write_model(cfg: BenchConfig, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    preset = cfg.preset
+    tok = save_hf_tokenizer(out, preset.family, preset.vocab_target, preset.max_position_embeddings)
+    n_tokens = tok.get_vocab_size(with_added_tokens=True)
+    vocab = max(-(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, cfg.vocab_size or 0)
+    token_ids = special_token_ids(tok, preset.family)
+    config = _build_config(preset, vocab, token_ids)
+    torch.manual_seed(preset.seed)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+    _init_weights(model, preset.seed)
+    model.generation_config = GenerationConfig(**token_ids)
+    model.to(getattr(torch, cfg.dtype)).save_pretrained(out, safe_serialization=True)
+    _patch_legacy_rope_keys(out / "config.json", preset)
+
+
+def model_dir(cfg: BenchConfig) -> Path:
+    """The config's checkpoint under the skyrl_tx cache (generated once, atomically; weights stored in cfg.dtype)."""
+    target = cache_root() / "bench" / f"{cfg.name}-{_spec_hash(cfg)}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _write_model(cfg, tmp)
+        os.rename(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not target.is_dir():
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,89 @@
+"""MFU and memory-bandwidth roofline arithmetic for the benchmark, and the GPU peak table (by device name)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from skyrl_tx.models.tiny_presets import TinyPreset
+
+# (name substring, dense bf16 tensor-core FLOP/s, HBM bytes/s), first match wins (PCIe before the SXM default).
+GPU_PEAKS: list[tuple[str, float, float]] = [
+    ("H200", 989.4e12, 4.8e12),
+    ("H100 PCIe", 756.0e12, 2.0e12),
+    ("H100", 989.4e12, 3.35e12),  # SXM
+    ("A100-SXM4-80GB", 312.0e12, 2.039e12),
+    ("A100", 312.0e12, 1.555e12),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Peaks:
+    flops: float | None  # FLOP/s in the benchmark's dtype
+    bandwidth: float | None  # bytes/s
+
+
+def device_peaks(device_name: str, flops_override: float | None = None,
+                 bandwidth_override: float | None = None) -> Peaks:
+    """Table lookup by name (None when unknown, e.g. a CPU), each overridable from the command line."""
+    flops = bandwidth = None
+    for needle, table_flops, table_bw in GPU_PEAKS:
+        if needle.lower() in device_name.lower():
+            flops, bandwidth = table_flops, table_bw
+            break
+    return Peaks(flops_override or flops, bandwidth_override or bandwidth)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, preset: TinyPreset, vocab: int) -> ModelShape:
+        return cls(preset.num_hidden_layers, preset.hidden_size, preset.intermediate_size, preset.num_attention_heads,
+                   preset.num_key_value_heads, preset.head_dim, vocab)
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of every matmul weight: 7 per layer, then lm_head (tied or not, it is one matmul)."""
+        h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        layer = [(h, q), (h, kv), (h, kv), (q, h), (h, m), (h, m), (m, h)]
+        return layer * self.layers + [(h, self.vocab)]
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that take part in matmuls (the input embedding is a lookup, not counted)."""
+        return sum(i * o for i, o in self.linear_shapes())
+
+    def lora_params(self, rank: int) -> int:
+        return sum(rank * (i + o) for i, o in self.linear_shapes())
+
+
+def train_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """6·N (forward 2N + backward 4N, the usual MFU convention) plus causal attention: forward QK^T and AV are
+    2·2·H·D per token per key over the average T/2 keys, times 3 for forward + backward (PaLM appendix B,
+    halved for the causal mask)."""
+    attention = 3 * 2 * 2 * shape.layers * shape.heads * shape.head_dim * (seq_len / 2)
+    return 6 * shape.matmul_params + attention
+
+
+def mfu(shape: ModelShape, seq_len: int, tokens_per_s: float, peak_flops: float) -> float:
+    return train_flops_per_token(shape, seq_len) * tokens_per_s / peak_flops
+
+
+def decode_bytes_per_step(shape: ModelShape, dtype_bytes: int, lora_rank: int, batch: int, prompt_len: int,
+                          new_tokens: int) -> float:
+    """The least a decode step must read: every matmul weight once, the adapter (float32 factors), and each row's
+    K and V over its context, averaged over the generation (prompt + new_tokens / 2)."""
+    weights = shape.matmul_params * dtype_bytes + shape.lora_params(lora_rank) * 4
+    context = prompt_len + new_tokens / 2
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * batch * context
+    return weights + kv
+
+
+def roofline_fraction(bytes_per_step: float, step_seconds: float, peak_bandwidth: float) -> float:
+    return bytes_per_step / step_seconds / peak_bandwidth

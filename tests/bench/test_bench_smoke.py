@@ -1,0 +1,62 @@
+"""Smoke tests of `python -m skyrl_tx.bench` (tiny config, one repetition) and `... api`: the JSON reports hold
+every key with finite, positive measurements. No timing assertions: these check the harness, not the speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyrl_tx.bench.report import numeric_leaves
+from skyrl_tx.bench.workloads import WORKLOADS
+
+SIDE_KEYS = {"median_s", "tokens", "tokens_per_s", "peak_memory_bytes", "peak_rss_delta_bytes"}
+SAMPLE_KEYS = {"first_token_s", "decode_step_s"}
+TIMEOUT_S = 600
+
+
+def run_bench(args: list[str], tmp_path: Path) -> dict:
+    out = tmp_path / "report.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", *args, "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def assert_finite(report: dict) -> None:
+    bad = {k: v for k, v in numeric_leaves(report).items() if not math.isfinite(v)}
+    assert not bad, bad
+
+
+def test_compute_benchmark_reports_every_workload(tmp_path: Path, preset_cache: Path) -> None:
+    report = run_bench(["--config", "tiny", "--threads", "1", "--warmup", "0", "--reps", "1"], tmp_path)
+    assert_finite(report)
+    assert set(report["workloads"]) == set(WORKLOADS)
+    for name, entry in report["workloads"].items():
+        for side in ("skyrl_tx", "hf_peft"):
+            expected = SIDE_KEYS | (SAMPLE_KEYS if name.startswith("sample") else set())
+            assert expected <= set(entry[side]), (name, side, sorted(entry[side]))
+            assert len(entry[side]["reps_s"]) == 1
+        assert {"speedup", "memory_ratio"} <= set(entry)
+        measured = {k: v for k, v in numeric_leaves(entry).items()}
+        assert all(v > 0 for v in measured.values()), {k: v for k, v in measured.items() if v <= 0}
+    for target in report["targets"].values():
+        assert target["value"] > 0 and isinstance(target["met"], bool)
+    assert report["device"] == "cpu" and report["threads"] == 1 and report["model"]["matmul_params"] > 0
+
+
+def test_api_benchmark_reports_overheads(tmp_path: Path, preset_cache: Path) -> None:
+    report = run_bench(["api", "--warmup", "1", "--reps", "3"], tmp_path)
+    assert_finite(report)
+    assert set(report["calls"]) == {"forward_backward", "optim_step", "sample"}
+    for call, entry in report["calls"].items():
+        for key in ("round_trip_p50_ms", "round_trip_p99_ms", "compute_p50_ms", "queue_p50_ms", "engine_p50_ms"):
+            assert entry[key] > 0, (call, key, entry)
+        assert "overhead_p50_ms" in entry and "overhead_p99_ms" in entry and entry["calls"] == 3
+    assert report["targets"]["overhead_p50_ms"]["target"] == pytest.approx(5.0)
