@@ -1,6 +1,7 @@
 """Engine and session factories for SQLite (default, one file in the data directory) and PostgreSQL.
 
-SQLite connections get `journal_mode=WAL` (readers never block the writer), `busy_timeout=5000` (wait for
+SQLite connections get `journal_mode=WAL` (readers never block the writer), `synchronous=NORMAL` (no
+fsync per commit; safe against process crashes), `busy_timeout=5000` (wait for
 the write lock instead of failing at once) and `foreign_keys=ON` (off by default in SQLite), and may be
 used from any thread (`check_same_thread=False`; the pool hands a connection to one thread at a time).
 
@@ -75,6 +76,9 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: no fsync per commit (only at checkpoints). A crashed process loses nothing; a power
+        # cut may lose the last transactions. Production deployments that need more use PostgreSQL.
+        cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
