@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
@@ -45,6 +45,7 @@ class EngineLoop:
         self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, str] = {}  # backend sample id → future id
         self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
+        self.had_pending = True  # whether the last scan found pending requests (more may be runnable now)
 
     def expire_sessions(self) -> list[str]:
         """Sessions silent past the timeout lose their models, so their adapter slots can be reused.
@@ -93,12 +94,16 @@ class EngineLoop:
                     log.info("request %s was interrupted by an engine stop; it runs again", f.id)
         replay.rebuild_models(self)
 
-    def step(self) -> bool:
-        """Runs what is runnable now; returns whether anything happened."""
-        with self.sessions() as db:
-            pending = list(db.scalars(select(FutureRecord).where(FutureRecord.status == FutureStatus.PENDING.value)
-                                      .order_by(FutureRecord.created_at)))
-            db.expunge_all()
+    def step(self, scan_pending: bool = True) -> bool:
+        """Runs what is runnable now; returns whether anything happened. scan_pending=False only advances
+        the running samples (the caller knows no new request arrived; see run_engine)."""
+        pending: list[FutureRecord] = []
+        if scan_pending:
+            with self.sessions() as db:
+                pending = list(db.scalars(select(FutureRecord).where(
+                    FutureRecord.status == FutureStatus.PENDING.value).order_by(FutureRecord.created_at)))
+                db.expunge_all()
+            self.had_pending = bool(pending)
         did_work = bool(pending)
         by_model: dict[str, list[FutureRecord]] = defaultdict(list)
         for f in pending:
@@ -158,8 +163,7 @@ class EngineLoop:
                     self._run_single(f, lambda r: executor.train_result(run([executor.train_request(r.request)])[0]),
                                      already_running=True)
                 continue
-            for f, result in zip(futures, results):
-                self._finish(f, result=executor.train_result(result))
+            self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
 
     def _barrier(self, f: FutureRecord) -> dict[str, Any]:
         request = f.request
@@ -271,18 +275,25 @@ class EngineLoop:
             return
         self._finish(f, result=result)
 
+    # Bookkeeping writes are single UPDATE statements (no ORM loads): they are the engine's per-request cost
+    # besides the compute itself (see `python -m skyrl_tx.bench api`).
     def _mark_running(self, futures: list[FutureRecord]) -> None:
-        now = datetime.now(timezone.utc)
         with self.sessions.begin() as db:
-            for f in futures:
-                row = db.get(FutureRecord, f.id)
-                row.status, row.started_at, row.attempts = FutureStatus.RUNNING.value, now, row.attempts + 1
+            db.execute(update(FutureRecord).where(FutureRecord.id.in_([f.id for f in futures])).values(
+                status=FutureStatus.RUNNING.value, started_at=datetime.now(timezone.utc),
+                attempts=FutureRecord.attempts + 1))
 
     def _finish(self, f: FutureRecord, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
-        if f.model_id and f.seq_id is not None:
-            self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
+        self._finish_many([(f, result, error)])
+
+    def _finish_many(self, done: list[tuple[FutureRecord, Any, dict[str, Any] | None]]) -> None:
+        """Stores results (or errors) in one transaction, then tells the waiting pollers."""
+        now = datetime.now(timezone.utc)
         with self.sessions.begin() as db:
-            row = db.get(FutureRecord, f.id)
-            row.status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
-            row.result, row.error, row.completed_at = result, error, datetime.now(timezone.utc)
-        self.notify([f.id])
+            for f, result, error in done:
+                if f.model_id and f.seq_id is not None:
+                    self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
+                status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
+                db.execute(update(FutureRecord).where(FutureRecord.id == f.id).values(
+                    status=status, result=result, error=error, completed_at=now))
+        self.notify([f.id for f, _, _ in done])

@@ -34,18 +34,26 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
     loop.recover()
     on_ready()
     next_sweep = time.monotonic() + SWEEP_EVERY_S
+    scan, last_scan = True, 0.0
     while not stop.is_set():
+        if scan:  # cleared before the scan: a request stored after it sets it again
+            wake.clear()
+            last_scan = time.monotonic()
         try:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY_S
                 loop.expire_sessions()
-            worked = loop.step()
+            worked = loop.step(scan_pending=scan)
         except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
             log.exception("engine step failed; continuing")
             worked = False
         if not worked:
             wake.wait(IDLE_WAIT_S)
-            wake.clear()
+            scan = True
+            continue
+        # While only samples are decoding, skip the database scan on each token unless a request arrived
+        # (wake) or IDLE_WAIT_S passed (an engine without wake-ups, --engine external).
+        scan = loop.had_pending or wake.is_set() or time.monotonic() - last_scan >= IDLE_WAIT_S
 
 
 class EngineRunner:

@@ -22,7 +22,7 @@ def warm_start(run_recipe, model_dir: Path, workdir: Path) -> str:
     """state_path of a policy SFT-ed on arithmetic conversations (chat_sl), for load_checkpoint_path."""
     run = run_recipe("tinker_cookbook.recipes.chat_sl.train", f"model_name={model_dir}", "renderer_name=role_colon",
                      f"dataset={workdir / 'arithmetic_sft.jsonl'}", "batch_size=32", "max_length=128",
-                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=2", "lr_schedule=linear", "save_every=0",
+                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=3", "lr_schedule=linear", "save_every=0",
                      "eval_every=0")
     nll = run.series("train_mean_nll")
     assert nll[-1] < nll[0] - 3, nll  # from ≈ ln(vocab) to a policy that answers in the few-shot format
@@ -31,7 +31,7 @@ def warm_start(run_recipe, model_dir: Path, workdir: Path) -> str:
 
 def math_rl(run_recipe, model_dir: Path, warm_start: str, loss_fn: str | None, *extra: str, max_steps: int = 3):
     return run_recipe(MODULE, f"model_name={model_dir}", "renderer_name=role_colon", "env=arithmetic",
-                      f"load_checkpoint_path={warm_start}", "group_size=4", "groups_per_batch=8", "max_tokens=8",
+                      f"load_checkpoint_path={warm_start}", "group_size=4", "groups_per_batch=16", "max_tokens=8",
                       "lora_rank=8", "learning_rate=3e-4", "eval_every=0", "save_every=0", f"max_steps={max_steps}",
                       *([f"loss_fn={loss_fn}"] if loss_fn else []), *extra)
 
@@ -91,7 +91,7 @@ def test_math_rl_off_policy_async(run_recipe, model_dir: Path, warm_start: str, 
 def test_math_rl_stream_minibatch_substeps_post_kl(run_recipe, model_dir: Path, warm_start: str) -> None:
     """Several forward_backward per optim_step (stream minibatch), and compute_post_kl (compute_logprobs)."""
     run = math_rl(run_recipe, model_dir, warm_start, "importance_sampling",
-                  "stream_minibatch_config.groups_per_batch=8", "stream_minibatch_config.num_minibatches=2",
+                  "stream_minibatch_config.groups_per_batch=16", "stream_minibatch_config.num_minibatches=2",
                   "compute_post_kl=true")
     check_rl_run(run, 3)
     check_sampler_trainer_agree(run)
