@@ -127,6 +127,8 @@ class Backend {
   };
   int64_t resident_slot(const std::string& snapshot_id);
   sampling::Generator& generator_for(const models::CausalLM& model);
+  /// Forgets the generator of a model about to be freed; Conflict (busy_message) while it has running samples.
+  void drop_generator(const models::CausalLM& model, const std::string& busy_message);
   std::set<int64_t> busy_slots() const;
   /// The model a sample request's weights_id runs on (NotFound for unknown ids); no side effects.
   const models::CausalLM& sampling_model(const std::string& weights_id) const;  // base-model slots that queued or running samples need

@@ -39,12 +39,8 @@ void Backend::snapshot_adapter(const std::string& adapter_id, const std::string&
 
 void Backend::remove_snapshot(const std::string& snapshot_id) {
   if (auto frozen = frozen_models_.find(snapshot_id); frozen != frozen_models_.end()) {
-    auto generator = generators_.find(frozen->second.get());
-    if (generator != generators_.end()) {
-      SKYRL_TX_CHECK(generator->second->idle(), Conflict, "snapshot '", snapshot_id,
-                     "' is serving running sample requests; remove it once they finish");
-      generators_.erase(generator);  // it refers to the model being freed
-    }
+    drop_generator(*frozen->second, "snapshot '" + snapshot_id +
+                                        "' is serving running sample requests; remove it once they finish");
     frozen_models_.erase(frozen);
     return;
   }
@@ -57,6 +53,13 @@ void Backend::remove_snapshot(const std::string& snapshot_id) {
     for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
   }
   snapshots_.erase(it);
+}
+
+void Backend::drop_generator(const models::CausalLM& model, const std::string& busy_message) {
+  auto generator = generators_.find(&model);
+  if (generator == generators_.end()) return;
+  SKYRL_TX_CHECK(generator->second->idle(), Conflict, busy_message);
+  generators_.erase(generator);  // it refers to a model about to be freed
 }
 
 int64_t Backend::resident_slot(const std::string& snapshot_id) {

@@ -31,12 +31,8 @@ void Backend::create_full_model(const std::string& model_id) {
 
 void Backend::remove_model(const std::string& model_id) {
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
-    auto generator = generators_.find(it->second.get());
-    if (generator != generators_.end()) {
-      SKYRL_TX_CHECK(generator->second->idle(), Conflict, "unload_model: model '", model_id,
-                     "' is serving running sample requests; unload it once they finish");
-      generators_.erase(generator);  // it refers to the model being freed
-    }
+    drop_generator(*it->second, "unload_model: model '" + model_id +
+                                    "' is serving running sample requests; unload it once they finish");
     full_models_.erase(it);
     optimizers_.erase(model_id);
     return;

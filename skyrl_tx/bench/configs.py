@@ -10,9 +10,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from skyrl_tx.models.tiny_presets import (PRESETS, VOCAB_MULTIPLE, TinyPreset, _build_config, _init_weights,
-                                          _patch_legacy_rope_keys, cache_root)
-from skyrl_tx.models.tokenizer_builder import save_hf_tokenizer, special_token_ids
+from skyrl_tx.models.tiny_presets import PRESETS, TinyPreset, cache_root
+from skyrl_tx.models.tiny_presets import _write_model as write_preset_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,21 +70,7 @@ def _spec_hash(cfg: BenchConfig) -> str:
 
 
 def _write_model(cfg: BenchConfig, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    preset = cfg.preset
-    tok = save_hf_tokenizer(out, preset.family, preset.vocab_target, preset.max_position_embeddings)
-    n_tokens = tok.get_vocab_size(with_added_tokens=True)
-    vocab = max(-(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, cfg.vocab_size or 0)
-    token_ids = special_token_ids(tok, preset.family)
-    config = _build_config(preset, vocab, token_ids)
-    torch.manual_seed(preset.seed)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    _init_weights(model, preset.seed)
-    model.generation_config = GenerationConfig(**token_ids)
-    model.to(getattr(torch, cfg.dtype)).save_pretrained(out, safe_serialization=True)
-    _patch_legacy_rope_keys(out / "config.json", preset)
+    write_preset_model(cfg.preset, out, None, min_vocab_size=cfg.vocab_size or 0, dtype=cfg.dtype)
 
 
 def model_dir(cfg: BenchConfig) -> Path:

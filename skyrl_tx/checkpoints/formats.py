@@ -107,6 +107,13 @@ def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[
             ADAPTER_WEIGHTS: save_safetensors({k: v.contiguous() for k, v in peft_state.items()})}
 
 
+def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    """The trainable tensors as read_weights reads them back: a PEFT adapter, or HF-named model.safetensors."""
+    if meta.is_lora:
+        return adapter_files(meta, state)
+    return {MODEL_WEIGHTS: save_safetensors({k: v.contiguous() for k, v in state.items()})}
+
+
 def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor]) -> dict[str, bytes]:
     """A Hugging Face model directory: the base model's config and tokenizer files + these weights."""
     files = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES if (base_model_dir / name).is_file()}

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from skyrl_tx.backend.native import PEFT_PREFIX
 from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights
-
-PEFT_PREFIX = "base_model.model."
 
 
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> list[str]:

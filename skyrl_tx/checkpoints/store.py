@@ -7,7 +7,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -86,9 +86,6 @@ class CheckpointStore:
         except OSError as exc:
             raise StorageError(_explain(exc, self.base_url)) from exc
 
-    def exists(self, location: str, name: str) -> bool:
-        return self.fs.exists(f"{location}/{name}")
-
     def open_stream(self, location: str, name: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         """The file's bytes in chunks, never read whole into memory (downloads)."""
         with self.fs.open(f"{location}/{name}", "rb") as f:
@@ -102,8 +99,8 @@ class CheckpointStore:
         except FileNotFoundError:
             return {}
         prefix = location.rstrip("/") + "/"
-        return {p.removeprefix(prefix).lstrip("/"): int(info.get("size") or 0) for p, info in found.items()
-                if p.startswith(prefix.lstrip("/")) or p.startswith(prefix)}
+        return {p.removeprefix(prefix): int(info.get("size") or 0) for p, info in found.items()
+                if p.startswith(prefix)}
 
     def delete(self, location: str) -> None:
         try:
@@ -124,9 +121,6 @@ class CheckpointStore:
                 self._remove_quietly(p)
                 removed += 1
         return removed
-
-    def open_file(self, location: str, name: str) -> IO[bytes]:
-        return self.fs.open(f"{location}/{name}", "rb")
 
     def _remove_quietly(self, location: str) -> None:
         try:

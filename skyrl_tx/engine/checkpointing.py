@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.checkpoints import formats
+from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import CheckpointStore
@@ -34,14 +35,6 @@ def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
                      train_attn=bool(lora.get("train_attn", True)), train_mlp=bool(lora.get("train_mlp", True)),
                      train_unembed=bool(lora.get("train_unembed", True)), seed=lora.get("seed"),
                      optimizer_step=optimizer_step)
-
-
-def ready_checkpoint(db: Session, path: TinkerPath, what: str) -> CheckpointRecord:
-    record = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path),
-                                                      CheckpointRecord.status == CheckpointStatus.READY.value))
-    if record is None:
-        raise NotFoundError(f"{what}: checkpoint {path} not found (never saved, deleted, expired, or its save failed)")
-    return record
 
 
 class Checkpointer:
@@ -78,20 +71,15 @@ class Checkpointer:
         return {"path": str(path)}
 
     def _files(self, kind: str, model_id: str, meta: ModelMeta) -> tuple[dict[str, bytes], ModelMeta]:
-        files: dict[str, bytes] = {}
         state = self.backend.trainable_state(model_id)  # float32 CPU copies: PEFT names or HF names
         if kind == "weights":
             optimizer = self.backend.optimizer_state(model_id)
             meta = dataclasses.replace(meta, optimizer_step=int(optimizer.step))
-            name = formats.ADAPTER_WEIGHTS if meta.is_lora else formats.MODEL_WEIGHTS
-            files[name] = formats.save_safetensors({k: v.contiguous() for k, v in state.items()})
-            files |= formats.optimizer_files(optimizer)
-            if meta.is_lora:
-                files[formats.ADAPTER_CONFIG] = formats.json_bytes(formats.peft_adapter_config(meta))
+            files = formats.trainable_files(meta, state) | formats.optimizer_files(optimizer)
         elif meta.is_lora:  # sampler / external: what PEFT loads as is
-            files |= formats.adapter_files(meta, state)
+            files = formats.adapter_files(meta, state)
         else:
-            files |= formats.hf_model_files(self.model_dir, state)
+            files = formats.hf_model_files(self.model_dir, state)
         files[formats.STATE_FILE] = formats.json_bytes(meta.to_json())
         return files, meta
 
@@ -152,13 +140,13 @@ class Checkpointer:
             location = ready_checkpoint(db, path, "sample").storage_uri
         read = lambda name: self.store.read(location, name)  # noqa: E731
         meta = formats.read_meta(read)
+        weights = formats.read_weights(read, meta)
         if meta.is_lora:
-            weights = formats.load_safetensors(read(formats.ADAPTER_WEIGHTS))
             self.backend.load_snapshot(snapshot_id, weights, rank=meta.lora_rank, alpha=meta.lora_alpha,
                                        train_attn=meta.train_attn, train_mlp=meta.train_mlp,
                                        train_unembed=meta.train_unembed)
         else:
-            self.backend.load_frozen_model(snapshot_id, formats.load_safetensors(read(formats.MODEL_WEIGHTS)))
+            self.backend.load_frozen_model(snapshot_id, weights)
         log.info("loaded sampler checkpoint %s from %s", snapshot_id, location)
 
     # ---- housekeeping -----------------------------------------------------------------------------

@@ -141,13 +141,15 @@ def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _write_model(preset: TinyPreset, out: Path, max_shard_size: str | int | None) -> None:
+def _write_model(preset: TinyPreset, out: Path, max_shard_size: str | int | None, *, min_vocab_size: int = 0,
+                 dtype: str = "float32") -> None:
+    """min_vocab_size pads the embedding past the tokenizer (benchmarks of real vocab sizes); dtype is the saved one."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     tok = save_hf_tokenizer(out, preset.family, preset.vocab_target, preset.max_position_embeddings)
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
-    vocab_size = -(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    vocab_size = max(-(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, min_vocab_size)
     token_ids = special_token_ids(tok, preset.family)
     config = _build_config(preset, vocab_size, token_ids)
     torch.manual_seed(preset.seed)
@@ -157,7 +159,7 @@ def _write_model(preset: TinyPreset, out: Path, max_shard_size: str | int | None
     save_kwargs: dict[str, Any] = {"safe_serialization": True}
     if max_shard_size is not None:
         save_kwargs["max_shard_size"] = max_shard_size
-    model.save_pretrained(out, **save_kwargs)
+    model.to(getattr(torch, dtype)).save_pretrained(out, **save_kwargs)
     _patch_legacy_rope_keys(out / "config.json", preset)
 
 

@@ -10,47 +10,26 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tinker
 import torch
+import sdk_training
 from hf_reference import hf_token_logprobs, load_hf_model
+from sdk_training import TOKENS, server_logprobs
 from tinker import types
 
 from skyrl_tx.checkpoints.merge import merge_adapter
 
-TOKENS = list(range(5, 37))
 ADAM = types.AdamParams(learning_rate=1e-2)
 RESUME_STEPS = 3
 
 
-def datum(offset: int) -> types.Datum:
-    tokens = [t + offset for t in TOKENS]
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 def train_step(client: tinker.TrainingClient, step: int) -> float:
-    """One SFT step on a step-dependent batch; returns the summed loss."""
-    result = client.forward_backward([datum(step), datum(step + 7)], "cross_entropy").result()
-    client.optim_step(ADAM).result()
-    return float(sum(-np.asarray(out["logprobs"].tolist()).sum() for out in result.loss_fn_outputs))
-
-
-def server_logprobs(client: tinker.TrainingClient, tokens: list[int]) -> torch.Tensor:
-    out = client.forward([types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                      loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})],
-                         "cross_entropy").result()
-    return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
+    return sdk_training.train_step(client, step, ADAM)
 
 
 def download(rest: tinker.RestClient, tinker_path: str, dest: Path) -> Path:
-    """Every file of an external checkpoint through its signed URLs (what `tinker checkpoint download` does)."""
-    dest.mkdir(parents=True)
-    for name, url in rest.get_external_weights_urls(tinker_path).result().urls.items():
-        with urllib.request.urlopen(url) as response:
-            (dest / name).write_bytes(response.read())
-    return dest
+    return sdk_training.download(rest.get_external_weights_urls(tinker_path).result().urls, dest)
 
 
 @pytest.fixture(scope="module")

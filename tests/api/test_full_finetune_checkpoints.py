@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import tinker
 import torch
+import sdk_training
 from hf_reference import hf_token_logprobs, load_hf_model
+from sdk_training import TOKENS, server_logprobs
 from tinker import types
 
-TOKENS = list(range(5, 37))
 ADAM = types.AdamParams(learning_rate=1e-3)
 RESUME_STEPS = 3
 GREEDY = types.SamplingParams(max_tokens=8, temperature=0.0)
@@ -31,24 +32,8 @@ def server_options() -> dict[str, Any]:
     return {"backend_config": {"max_full_models": 4}}
 
 
-def datum(offset: int) -> types.Datum:
-    tokens = [t + offset for t in TOKENS]
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 def train_step(client: tinker.TrainingClient, step: int) -> float:
-    """One SFT step on a step-dependent batch; returns the summed loss."""
-    result = client.forward_backward([datum(step), datum(step + 7)], "cross_entropy").result()
-    client.optim_step(ADAM).result()
-    return float(sum(-np.asarray(out["logprobs"].tolist()).sum() for out in result.loss_fn_outputs))
-
-
-def server_logprobs(client: tinker.TrainingClient, tokens: list[int]) -> torch.Tensor:
-    out = client.forward([types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                      loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})],
-                         "cross_entropy").result()
-    return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
+    return sdk_training.train_step(client, step, ADAM)
 
 
 def signed_urls(tinker_path: str, base_url: str) -> dict[str, str]:
@@ -63,12 +48,7 @@ def signed_urls(tinker_path: str, base_url: str) -> dict[str, str]:
 
 
 def download(tinker_path: str, base_url: str, dest: Path) -> Path:
-    """Every file of a checkpoint through its signed URLs (what `tinker checkpoint download` does)."""
-    dest.mkdir(parents=True)
-    for name, url in signed_urls(tinker_path, base_url).items():
-        with urllib.request.urlopen(url) as response:
-            (dest / name).write_bytes(response.read())
-    return dest
+    return sdk_training.download(signed_urls(tinker_path, base_url), dest)
 
 
 def greedy(sampler: tinker.SamplingClient) -> tuple[list[int], list[float]]:

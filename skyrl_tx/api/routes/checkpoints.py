@@ -6,14 +6,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
-from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord, SessionRecord
+from skyrl_tx.db.models import CheckpointRecord, ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -77,10 +77,7 @@ def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep)
 
 
 def checkpoint_meta(db: Session, path: TinkerPath, what: str) -> tuple[CheckpointRecord, ModelMeta]:
-    record = db.scalar(select(CheckpointRecord).where(CheckpointRecord.tinker_path == str(path),
-                                                      CheckpointRecord.status == CheckpointStatus.READY.value))
-    if record is None or not record.model_meta:
-        raise NotFoundError(f"{what}: checkpoint {path} not found (never saved, deleted, expired, or its save failed)")
+    record = ready_checkpoint(db, path, what)
     return record, ModelMeta.from_json(record.model_meta)
 
 

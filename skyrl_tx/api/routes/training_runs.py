@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.routes.checkpoints import check_ttl
+from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
@@ -98,11 +99,7 @@ def list_all_checkpoints(db: DbDep, limit: int = 100, offset: int = 0) -> dict[s
 
 
 def _ready(db: Session, run_id: str, kind: str, name: str) -> CheckpointRecord:
-    path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
-    row = db.scalar(_listed().where(CheckpointRecord.tinker_path == str(path)))
-    if row is None:
-        raise NotFoundError(f"checkpoint {path} not found")
-    return row
+    return ready_checkpoint(db, TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}"), "checkpoint")
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}")
