@@ -132,11 +132,19 @@ def test_deleted_checkpoint_leaves_storage(service_client, trained, tinker_env) 
 
 def test_tinker_cli_lists_runs_and_checkpoints_and_downloads(service_client, trained, tinker_env, tmp_path) -> None:
     path = trained.save_state("cli").result().path
-    env = {**os.environ}
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a native crash in the CLI prints its stacks
     cli = [sys.executable, "-m", "tinker.cli.__main__", "-f", "json"]
 
     def run(*args: str) -> str:
-        result = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        for attempt in range(2):
+            result = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            # The CLI process (which imports torch) once died of SIGABRT at interpreter exit in CI, after printing
+            # its complete, correct output. That is the client's own shutdown, not our server's answer: such a
+            # signal death is retried once; an error exit is never retried.
+            if result.returncode >= 0:
+                break
+            print(f"tinker {' '.join(args)} died of signal {-result.returncode} (attempt {attempt + 1}):\n"
+                  f"{result.stderr[-3000:]}")
         assert result.returncode == 0, f"tinker {' '.join(args)}:\n{result.stdout}\n{result.stderr[-3000:]}"
         return result.stdout
 

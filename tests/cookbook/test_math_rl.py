@@ -68,12 +68,13 @@ def test_math_rl_synchronous(run_recipe, model_dir: Path, warm_start: str, loss_
 
 
 def off_policy(run_recipe, model_dir: Path, warm_start: str, loss_fn: str) -> None:
-    # 8 groups (4 steps = 32 groups): with 16 per batch the recipe once reported staleness 3 in CI.
-    run = math_rl(run_recipe, model_dir, warm_start, loss_fn, "max_steps_off_policy=2", max_steps=4,
-                  groups_per_batch=8)
+    run = math_rl(run_recipe, model_dir, warm_start, loss_fn, "max_steps_off_policy=2", max_steps=4)
     check_rl_run(run, 4)
+    # Rollouts come from the sampler of this step or an earlier one. The recipe never drops a finished group
+    # for staleness (AsyncConfig's docstring), so a slow rollout may be trained more than
+    # max_steps_off_policy steps late: the bound is the step index, and the first step is on-policy.
     staleness = run.series("async/staleness_max")
-    assert all(0 <= s <= 2 for s in staleness), staleness
+    assert staleness[0] == 0 and all(0 <= s <= step for step, s in enumerate(staleness)), staleness
     # Off-policy rollouts come from saved sampler checkpoints: the initial one is recorded first.
     assert run.checkpoints[0]["name"] == "000000" and run.checkpoints[0]["sampler_path"], run.checkpoints
     # Rollouts of a fresh sampler (staleness 0) agree with the trainer; stale ones need not.
