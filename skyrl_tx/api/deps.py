@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from skyrl_tx.config import ServerSettings
+
+T = TypeVar("T")
 
 
 def get_settings(request: Request) -> ServerSettings:
@@ -18,6 +21,17 @@ def get_settings(request: Request) -> ServerSettings:
 def get_db(request: Request) -> Iterator[Session]:
     with request.app.state.session_factory() as db:
         yield db
+
+
+async def in_db(request: Request, work: Callable[[Session], T]) -> T:
+    """Runs `work` with a fresh DB session in a worker thread. The hot routes (forward_backward, optim_step,
+    asample) use it from an `async def`: one thread hop per call, where a sync route with the DbDep generator
+    dependency takes three (dependency enter, route, dependency exit)."""
+    def run() -> T:
+        with request.app.state.session_factory() as db:
+            return work(db)
+
+    return await asyncio.to_thread(run)
 
 
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]

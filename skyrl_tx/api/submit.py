@@ -8,7 +8,8 @@ from fastapi import Request
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from skyrl_tx.db.models import FutureRecord, ModelRecord, ModelStatus, request_hash
+from skyrl_tx.db import future_queries
+from skyrl_tx.db.models import ModelRecord, ModelStatus, request_hash
 from skyrl_tx.errors import ConflictError, NotFoundError
 
 
@@ -17,27 +18,34 @@ def submit_future(request: Request, db: Session, *, future_id: str, request_type
                   extra_rows: tuple[Any, ...] = ()) -> str:
     """Same id and same body → the existing future (a retry runs once); same id, other body → 409."""
     digest = request_hash(body)
-    existing = db.get(FutureRecord, future_id)
-    if existing is None:
-        db.add_all([*extra_rows, FutureRecord(id=future_id, session_id=session_id, model_id=model_id,
-                                               request_type=request_type, seq_id=seq_id, request=body,
-                                               request_hash=digest)])
-        try:
-            db.commit()
-        except IntegrityError:  # a concurrent retry won the race: fall through to the comparison
-            db.rollback()
-            existing = db.get(FutureRecord, future_id)
-            if existing is None:
-                raise
-    if existing is not None and existing.request_hash != digest:
-        raise ConflictError(f"{request_type}: request {future_id} was already submitted with a different body; "
-                            "use a new seq_id for a new request")
+    row = {"id": future_id, "session_id": session_id, "model_id": model_id, "request_type": request_type,
+           "seq_id": seq_id, "request": body, "request_hash": digest}
+    try:
+        if extra_rows:
+            db.add_all(extra_rows)
+            db.flush()
+        db.execute(future_queries.INSERT_FUTURE, row)
+        db.commit()
+    except IntegrityError:  # the id exists: a retry (or a concurrent one that won the race)
+        db.rollback()
+        stored = db.execute(future_queries.REQUEST_HASH, {"id_": future_id}).scalar_one_or_none()
+        if stored is None:
+            raise
+        if stored != digest:
+            raise ConflictError(f"{request_type}: request {future_id} was already submitted with a different body; "
+                                "use a new seq_id for a new request") from None
     request.app.state.wake_engine()
     return future_id
 
 
-def require_model(db: Session, model_id: str) -> ModelRecord:
-    model = db.get(ModelRecord, model_id)
-    if model is None or model.status == ModelStatus.UNLOADED.value:
+def require_model(db: Session, model_id: str) -> None:
+    """NotFoundError unless the model exists and is not unloaded."""
+    status = db.execute(future_queries.MODEL_STATUS, {"id_": model_id}).scalar_one_or_none()
+    if status is None or status == ModelStatus.UNLOADED.value:
         raise NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
-    return model
+
+
+def live_model(db: Session, model_id: str) -> ModelRecord:
+    """The model's record, or NotFoundError as require_model gives it."""
+    require_model(db, model_id)
+    return db.get(ModelRecord, model_id)

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from skyrl_tx.db import future_queries
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor, replay, snapshots
@@ -43,9 +44,9 @@ class EngineLoop:
         self.sessions = session_factory
         self.notify = notify
         self.session_timeout_s = session_timeout_s
-        self._sampling: dict[int, str] = {}  # backend sample id → future id
+        self._sampling: dict[int, FutureRecord] = {}  # backend sample id → its (detached) future
         self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
-        self.had_pending = True  # whether the last scan found pending requests (more may be runnable now)
+        self.had_pending = True  # whether the last scan left requests it could not run yet
 
     def expire_sessions(self) -> list[str]:
         """Sessions silent past the timeout lose their models, so their adapter slots can be reused.
@@ -103,25 +104,31 @@ class EngineLoop:
                 pending = list(db.scalars(select(FutureRecord).where(
                     FutureRecord.status == FutureStatus.PENDING.value).order_by(FutureRecord.created_at)))
                 db.expunge_all()
-            self.had_pending = bool(pending)
-        did_work = bool(pending)
+        ran = 0
         by_model: dict[str, list[FutureRecord]] = defaultdict(list)
         for f in pending:
             if f.request_type == "create_model":
                 self._run_single(f, self._create_model)
+                ran += 1
             elif f.request_type == "sample":
                 self._submit_sample(f)
+                ran += 1
             else:
                 by_model[f.model_id or ""].append(f)
         for model_id, queue in by_model.items():
             queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
             by_model[model_id] = self._in_order(model_id, queue)
-        self._run_training(by_model)
+        ran += self._run_training(by_model)
         for queue in by_model.values():
             barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
             if barrier is not None and queue[0] is barrier:
                 self._run_single(barrier, self._barrier)
-        return self._advance_sampling() or did_work
+                ran += 1
+        if scan_pending:
+            # Requests left waiting (behind a barrier that just ran, or a seq_id gap) need another scan; when
+            # everything found ran, only a wake-up (a new request) does.
+            self.had_pending = ran < len(pending)
+        return self._advance_sampling() or ran > 0
 
     def _in_order(self, model_id: str, queue: list[FutureRecord]) -> list[FutureRecord]:
         """The prefix of a model's sorted queue that may run now: no seq_id before it is still missing."""
@@ -143,8 +150,9 @@ class EngineLoop:
         return runnable
 
     # ---- training ------------------------------------------------------------------------------
-    def _run_training(self, by_model: dict[str, list[FutureRecord]]) -> None:
-        """The leading forward/forward_backward requests of every model run as one batched pass each."""
+    def _run_training(self, by_model: dict[str, list[FutureRecord]]) -> int:
+        """The leading forward/forward_backward requests of every model run as one batched pass each; returns
+        how many requests ran."""
         batch: dict[str, list[FutureRecord]] = {"forward_backward": [], "forward": []}
         for queue in by_model.values():
             while queue and queue[0].request_type in TRAIN_TYPES:
@@ -164,6 +172,7 @@ class EngineLoop:
                                      already_running=True)
                 continue
             self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
+        return sum(len(futures) for futures in batch.values())
 
     def _barrier(self, f: FutureRecord) -> dict[str, Any]:
         request = f.request
@@ -245,20 +254,20 @@ class EngineLoop:
             if ":sample:" in weights_id and not self.backend.has_snapshot(weights_id):
                 raise snapshots.released_error(weights_id)
             self.checkpointer.ensure_snapshot(weights_id)
-            self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f.id
+            self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f
         except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
             self._finish(f, error=_error(exc))
 
     def _advance_sampling(self) -> bool:
         if not self._sampling:
             return False
+        done = []
         for backend_id, result in self.backend.sample_step():
-            future_id = self._sampling.pop(backend_id, None)
-            if future_id is not None:
-                with self.sessions() as db:
-                    f = db.get(FutureRecord, future_id)
-                    db.expunge_all()
-                self._finish(f, result=executor.sample_result(result))
+            f = self._sampling.pop(backend_id, None)
+            if f is not None:
+                done.append((f, executor.sample_result(result), None))
+        if done:  # every sample that finished in this step: one transaction, one notification
+            self._finish_many(done)
         return True
 
     # ---- bookkeeping ---------------------------------------------------------------------------
@@ -275,13 +284,12 @@ class EngineLoop:
             return
         self._finish(f, result=result)
 
-    # Bookkeeping writes are single UPDATE statements (no ORM loads): they are the engine's per-request cost
-    # besides the compute itself (see `python -m skyrl_tx.bench api`).
+    # Bookkeeping writes are prebuilt Core UPDATEs (db/future_queries.py): besides the compute itself they
+    # are the engine's per-request cost (see `python -m skyrl_tx.bench api`).
     def _mark_running(self, futures: list[FutureRecord]) -> None:
         with self.sessions.begin() as db:
-            db.execute(update(FutureRecord).where(FutureRecord.id.in_([f.id for f in futures])).values(
-                status=FutureStatus.RUNNING.value, started_at=datetime.now(timezone.utc),
-                attempts=FutureRecord.attempts + 1))
+            db.connection().execute(future_queries.MARK_RUNNING,
+                                    {"ids": [f.id for f in futures], "now": datetime.now(timezone.utc)})
 
     def _finish(self, f: FutureRecord, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         self._finish_many([(f, result, error)])
@@ -289,11 +297,12 @@ class EngineLoop:
     def _finish_many(self, done: list[tuple[FutureRecord, Any, dict[str, Any] | None]]) -> None:
         """Stores results (or errors) in one transaction, then tells the waiting pollers."""
         now = datetime.now(timezone.utc)
+        rows = []
+        for f, result, error in done:
+            if f.model_id and f.seq_id is not None:
+                self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
+            rows.append({"id_": f.id, "status_": (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value,
+                         "result_": result, "error_": error, "now": now})
         with self.sessions.begin() as db:
-            for f, result, error in done:
-                if f.model_id and f.seq_id is not None:
-                    self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
-                status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
-                db.execute(update(FutureRecord).where(FutureRecord.id == f.id).values(
-                    status=status, result=result, error=error, completed_at=now))
+            db.connection().execute(future_queries.FINISH, rows)
         self.notify([f.id for f, _, _ in done])

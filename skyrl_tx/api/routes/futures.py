@@ -8,9 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Row
 
 from skyrl_tx.api.protobuf_codec import encode_forward_backward_output, encode_sample_response
-from skyrl_tx.db.models import FutureRecord, FutureStatus
+from skyrl_tx.db import future_queries
+from skyrl_tx.db.models import FutureStatus
 from skyrl_tx.errors import NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -25,15 +27,13 @@ class RetrieveFutureRequest(BaseModel):
     allow_metadata_only: bool = False
 
 
-def _load(request: Request, future_id: str) -> FutureRecord | None:
+def _load(request: Request, future_id: str) -> Row | None:
+    """The future's status, request_type, result and error (never its stored request body)."""
     with request.app.state.session_factory() as db:
-        future = db.get(FutureRecord, future_id)
-        if future is not None:
-            db.expunge(future)
-        return future
+        return db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
 
 
-def _render(future: FutureRecord, accept: str) -> Response:
+def _render(future: Row, accept: str) -> Response:
     if future.status == FutureStatus.FAILED.value:
         error = future.error or {}
         return JSONResponse({"error": error.get("message", "request failed"), "category": error.get("category", "server")})

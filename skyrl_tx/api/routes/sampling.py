@@ -6,11 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
-from skyrl_tx.api.deps import DbDep, SettingsDep
-from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
+from skyrl_tx.api.submit import live_model, require_model, submit_future
 from skyrl_tx.api.routes.checkpoints import check_ttl, checkpoint_meta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
+from skyrl_tx.db import future_queries
 from skyrl_tx.db.models import SamplingSessionRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
@@ -73,7 +75,7 @@ class SampleBody(BaseModel):
 
 @router.post("/save_weights_for_sampler")
 def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep) -> dict[str, str]:
-    model = require_model(db, body.model_id)
+    model = live_model(db, body.model_id)
     job: dict[str, Any] = {"model_id": body.model_id}
     if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
         job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
@@ -122,11 +124,7 @@ def get_sampler(sampler_id: str, db: DbDep) -> dict[str, Any]:
 
 
 @router.post("/asample")
-def asample(body: SampleBody, request: Request, db: DbDep) -> dict[str, Any]:
-    sampler = db.get(SamplingSessionRecord, body.sampling_session_id)
-    if sampler is None:
-        raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a sampling "
-                            "client first")
+async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
     unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n",
@@ -137,9 +135,19 @@ def asample(body: SampleBody, request: Request, db: DbDep) -> dict[str, Any]:
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
     params["stop"] = [stop] if isinstance(stop, str) else stop
-    job = {"weights_id": sampler.snapshot_id or "", "prompt_tokens": [t for c in body.prompt.chunks for t in c.tokens],
-           "num_samples": body.num_samples, "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
-           "topk_prompt_logprobs": body.topk_prompt_logprobs}
-    future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
-                              request_type="sample", body=job, session_id=sampler.session_id)
-    return {"request_id": future_id, "sample_sequence_ids": [f"{future_id}:{i}" for i in range(body.num_samples)]}
+
+    def store(db: Session) -> dict[str, Any]:
+        sampler = db.execute(future_queries.SAMPLER_WEIGHTS, {"id_": body.sampling_session_id}).one_or_none()
+        if sampler is None:
+            raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a "
+                                "sampling client first")
+        job = {"weights_id": sampler.snapshot_id or "",
+               "prompt_tokens": [t for c in body.prompt.chunks for t in c.tokens], "num_samples": body.num_samples,
+               "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
+               "topk_prompt_logprobs": body.topk_prompt_logprobs}
+        future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
+                                  request_type="sample", body=job, session_id=sampler.session_id)
+        return {"request_id": future_id,
+                "sample_sequence_ids": [f"{future_id}:{i}" for i in range(body.num_samples)]}
+
+    return await in_db(request, store)

@@ -7,10 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
-from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.protobuf_codec import decode_forward_backward_request
-from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.api.submit import live_model, require_model, submit_future
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
@@ -78,7 +79,7 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
 
 @router.post("/get_info")
 def get_info(body: ModelRef, request: Request, db: DbDep) -> dict[str, Any]:
-    model = require_model(db, body.model_id)
+    model = live_model(db, body.model_id)
     model_data = {"arch": request.app.state.architecture, "model_name": model.base_model,
                   "tokenizer_id": str(request.app.state.model_dir)}
     return {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
@@ -87,35 +88,44 @@ def get_info(body: ModelRef, request: Request, db: DbDep) -> dict[str, Any]:
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, db: DbDep) -> dict[str, str]:
+async def forward_backward(request: Request) -> dict[str, str]:
     raw = await request.body()
-    try:
-        decoded = decode_forward_backward_request(raw, request.headers.get("content-encoding"))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}") from exc
-    model_id, seq_id = decoded["model_id"], decoded["seq_id"]
-    require_model(db, model_id)
-    if decoded["loss_fn"] not in LOSS_FUNCTIONS:
-        raise InvalidArgumentError(f"forward_backward: loss_fn {decoded['loss_fn']!r} is not supported; use one of "
-                                   f"{', '.join(LOSS_FUNCTIONS)}")
-    kind = "forward" if decoded["forward_only"] else "forward_backward"
-    job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
-           "data": decoded["data"]}
-    future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
-                              model_id=model_id, seq_id=seq_id)
-    return {"request_id": future_id, "model_id": model_id}
+    encoding = request.headers.get("content-encoding")
+
+    def store(db: Session) -> dict[str, str]:
+        try:  # decoding (zstd + protobuf) is CPU work: off the event loop, in the same hop as the database
+            decoded = decode_forward_backward_request(raw, encoding)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}") from exc
+        model_id, seq_id = decoded["model_id"], decoded["seq_id"]
+        require_model(db, model_id)
+        if decoded["loss_fn"] not in LOSS_FUNCTIONS:
+            raise InvalidArgumentError(f"forward_backward: loss_fn {decoded['loss_fn']!r} is not supported; use one "
+                                       f"of {', '.join(LOSS_FUNCTIONS)}")
+        kind = "forward" if decoded["forward_only"] else "forward_backward"
+        job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
+               "data": decoded["data"]}
+        future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
+                                  model_id=model_id, seq_id=seq_id)
+        return {"request_id": future_id, "model_id": model_id}
+
+    return await in_db(request, store)
 
 
 @router.post("/optim_step")
-def optim_step(body: OptimStepRequest, request: Request, db: DbDep) -> dict[str, str]:
-    require_model(db, body.model_id)
+async def optim_step(body: OptimStepRequest, request: Request) -> dict[str, str]:
     if body.adam_params is None:
         kind = (body.optimizer_params or {}).get("type", "unknown")
         raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params (AdamW)")
     job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
-    future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="optim_step",
-                              body=job, model_id=body.model_id, seq_id=body.seq_id)
-    return {"request_id": future_id, "model_id": body.model_id}
+
+    def store(db: Session) -> dict[str, str]:
+        require_model(db, body.model_id)
+        future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
+                                  request_type="optim_step", body=job, model_id=body.model_id, seq_id=body.seq_id)
+        return {"request_id": future_id, "model_id": body.model_id}
+
+    return await in_db(request, store)
 
 
 @router.post("/unload_model")

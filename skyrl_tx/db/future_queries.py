@@ -1,0 +1,32 @@
+"""Prebuilt Core statements for the futures hot path: store a request, claim it, finish it, read its outcome.
+
+Every training and sampling call goes through these once or twice on the API side and twice in the engine.
+Built once and executed with parameters, they skip the ORM's unit of work, identity map and per-call statement
+construction, and read only the columns the caller needs (never the stored request body when polling);
+`python -m skyrl_tx.bench api` measures what that saves.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, insert, select, update
+
+from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, SamplingSessionRecord
+
+FUTURES = FutureRecord.__table__
+MODELS = ModelRecord.__table__
+SAMPLERS = SamplingSessionRecord.__table__
+
+# Column defaults (status pending, attempts 0, created_at now) are applied by Core as well.
+INSERT_FUTURE = insert(FUTURES)
+REQUEST_HASH = select(FUTURES.c.request_hash).where(FUTURES.c.id == bindparam("id_"))
+MODEL_STATUS = select(MODELS.c.status).where(MODELS.c.id == bindparam("id_"))
+# What asample needs of its sampling session: the weights it samples from and the owning session.
+SAMPLER_WEIGHTS = select(SAMPLERS.c.snapshot_id, SAMPLERS.c.session_id).where(SAMPLERS.c.id == bindparam("id_"))
+# What retrieve_future renders: the row's status, type, result and error (not the request).
+OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.error).where(
+    FUTURES.c.id == bindparam("id_"))
+MARK_RUNNING = update(FUTURES).where(FUTURES.c.id.in_(bindparam("ids", expanding=True))).values(
+    status=FutureStatus.RUNNING.value, started_at=bindparam("now"), attempts=FUTURES.c.attempts + 1)
+# executemany: one parameter dict per finished future.
+FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
+    status=bindparam("status_"), result=bindparam("result_"), error=bindparam("error_"), completed_at=bindparam("now"))
