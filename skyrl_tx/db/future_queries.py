@@ -16,6 +16,8 @@ FUTURES = FutureRecord.__table__
 MODELS = ModelRecord.__table__
 SAMPLERS = SamplingSessionRecord.__table__
 
+# The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names).
+PENDING = select(FUTURES).where(FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
 # Column defaults (status pending, attempts 0, created_at now) are applied by Core as well.
 INSERT_FUTURE = insert(FUTURES)
 REQUEST_HASH = select(FUTURES.c.request_hash).where(FUTURES.c.id == bindparam("id_"))

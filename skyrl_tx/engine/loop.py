@@ -100,10 +100,8 @@ class EngineLoop:
         the running samples (the caller knows no new request arrived; see run_engine)."""
         pending: list[FutureRecord] = []
         if scan_pending:
-            with self.sessions() as db:
-                pending = list(db.scalars(select(FutureRecord).where(
-                    FutureRecord.status == FutureStatus.PENDING.value).order_by(FutureRecord.created_at)))
-                db.expunge_all()
+            with self.sessions() as db:  # read-only rows (FutureRecord's attributes), no ORM identity map
+                pending = list(db.execute(future_queries.PENDING))
         ran = 0
         by_model: dict[str, list[FutureRecord]] = defaultdict(list)
         for f in pending:
