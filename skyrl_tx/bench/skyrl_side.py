@@ -24,12 +24,15 @@ def _backend(model_dir: Path, cfg: BenchConfig, device: str, workload: str, new_
 
     w = cfg.workload
     # Adapter slots (stacked at max rank), snapshot slots and the KV cache are static reservations: sized for
-    # this workload, as a deployment sizes them for its traffic.
+    # this workload, as a deployment sizes them for its traffic. Micro-batches: on a CPU the GEMMs reach the
+    # core's peak from a few hundred rows, so one sequence per micro-batch costs no speed and bounds the
+    # activations (the README's CPU advice); a GPU needs the whole batch in one pass to fill its SMs.
     batch = wl.sample_batch(workload)
+    micro_batch_tokens = w.train_seq_len if device == "cpu" else max(8192, w.train_batch * w.train_seq_len)
     settings = BackendSettings(max_lora_adapters=wl.num_adapters(workload, cfg), max_lora_rank=w.lora_rank,
                                max_resident_snapshots=1, dtype=cfg.dtype, device=device, max_sampling_sequences=batch,
                                max_sampling_length=w.sample_prompt_len + max(new_tokens, 1),
-                               train_micro_batch_tokens=max(8192, w.train_batch * w.train_seq_len))
+                               train_micro_batch_tokens=micro_batch_tokens)
     return NativeBackend(model_dir, settings)
 
 
