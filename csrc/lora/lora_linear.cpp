@@ -12,7 +12,12 @@
 namespace skyrl_tx::lora {
 
 LoraLinear::LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, int64_t max_rank)
-    : weight_(std::move(weight)), bias_(std::move(bias)), ranks_(num_slots, 0), scalings_(num_slots, 0.0) {
+    : weight_(std::move(weight)),
+      bias_(std::move(bias)),
+      ranks_(num_slots, 0),
+      scalings_(num_slots, 0.0),
+      grad_a_(num_slots),
+      grad_b_(num_slots) {
   SKYRL_TX_INTERNAL_ASSERT(weight_.dim() == 2, "weight must be [out, in]");
   auto opts = weight_.options().dtype(at::kFloat);
   a_ = at::zeros({num_slots, max_rank, in_features()}, opts).requires_grad_(true);
@@ -33,9 +38,9 @@ at::Tensor slot_b(const at::Tensor& b, int64_t slot, int64_t rank, at::ScalarTyp
 }
 
 // y = x W^T + b + sum_s scaling_s (x_s A_s^T) B_s^T in one autograd node (W and b frozen). The LoRA update
-// is accumulated into y in place (no per-segment delta, concat or scale pass), and the backward writes each
-// adapter's factor gradients straight into its slot of one [S, ...] buffer: the ATen twin of a
-// segmented-gather LoRA kernel (Punica SGMV, Chen et al. 2023).
+// is accumulated into y in place (no per-segment delta, concat or scale pass), and the backward adds each
+// adapter's factor gradients straight into that slot's own accumulator (no [S, ...] gradient of the whole
+// stack): the ATen twin of a segmented-gather LoRA kernel (Punica SGMV, Chen et al. 2023).
 class LoraFunction : public torch::autograd::Function<LoraFunction> {
  public:
   // NOTE: the frozen weight and bias come through `base`, not as autograd inputs (an undefined bias cannot be one).
@@ -53,6 +58,8 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
     ctx->save_for_backward(saved);
     ctx->saved_data["segments"] = segments;
     ctx->saved_data["scalings"] = scalings;
+    // The module outlives the graph (the model owns it); the backward writes into its per-slot gradients.
+    ctx->saved_data["module"] = reinterpret_cast<int64_t>(base);
     return y;
   }
 
@@ -63,10 +70,9 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
     const std::vector<int64_t> segments = ctx->saved_data["segments"].toIntVector();
     const std::vector<double> scalings = ctx->saved_data["scalings"].toDoubleVector();
     const at::Tensor& grad = grads[0];  // [N, out]
+    const auto* module = reinterpret_cast<const LoraLinear*>(ctx->saved_data["module"].toInt());
     const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
     at::Tensor grad_x = need_x ? at::mm(grad, weight.to(grad.scalar_type())) : at::Tensor();  // [N, in]
-    at::Tensor grad_a = need_a ? at::zeros_like(a) : at::Tensor();                             // [S, max_rank, in]
-    at::Tensor grad_b = need_b ? at::zeros_like(b) : at::Tensor();                             // [S, out, max_rank]
     for (size_t i = 0; i < scalings.size(); ++i) {
       const int64_t slot = segments[i * kSegmentFields], begin = segments[i * kSegmentFields + 1];
       const int64_t length = segments[i * kSegmentFields + 2], rank = segments[i * kSegmentFields + 3];
@@ -74,13 +80,14 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
       at::Tensor g = grad.narrow(0, begin, length);  // [n, out]
       const at::Tensor& xa = saved[4 + i];            // [n, rank]
       // NOTE: a slot may own several segments (unsorted rows), so its gradients accumulate.
-      if (need_b) grad_b.select(0, slot).narrow(1, 0, rank).add_(at::mm(g.t(), xa), scaling);
+      if (need_b) module->slot_grad_b(slot).narrow(1, 0, rank).add_(at::mm(g.t(), xa), scaling);
       if (!need_a && !need_x) continue;
       at::Tensor g_xa = at::mm(g, slot_b(b, slot, rank, g.scalar_type()));  // [n, rank], before scaling
-      if (need_a) grad_a.select(0, slot).narrow(0, 0, rank).add_(at::mm(g_xa.t(), x.narrow(0, begin, length)), scaling);
+      if (need_a) module->slot_grad_a(slot).narrow(0, 0, rank).add_(at::mm(g_xa.t(), x.narrow(0, begin, length)), scaling);
       if (need_x) grad_x.narrow(0, begin, length).addmm_(g_xa, slot_a(a, slot, rank, g.scalar_type()), 1.0, scaling);
     }
-    return {grad_x, grad_a, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+    // The factor gradients went to the module's per-slot accumulators: autograd gets none for the stacks.
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -141,7 +148,8 @@ void LoraLinear::disable_slot(int64_t slot) {
   c10::NoGradGuard no_grad;
   a_.select(0, slot).zero_();
   b_.select(0, slot).zero_();
-  zero_slot_grad(slot);
+  grad_a_.at(slot) = at::Tensor();  // freed: the next tenant of the slot starts without gradients
+  grad_b_.at(slot) = at::Tensor();
   ranks_[slot] = 0;
   scalings_[slot] = 0.0;
 }
@@ -151,19 +159,31 @@ at::Tensor LoraLinear::lora_a(int64_t slot) const { return a_.select(0, slot).na
 at::Tensor LoraLinear::lora_b(int64_t slot) const { return b_.select(0, slot).narrow(1, 0, ranks_.at(slot)); }
 
 at::Tensor LoraLinear::lora_a_grad(int64_t slot) const {
-  if (!a_.grad().defined()) return at::Tensor();
-  return a_.grad().select(0, slot).narrow(0, 0, ranks_.at(slot));
+  const at::Tensor& grad = grad_a_.at(slot);
+  return grad.defined() ? grad.narrow(0, 0, ranks_.at(slot)) : at::Tensor();
 }
 
 at::Tensor LoraLinear::lora_b_grad(int64_t slot) const {
-  if (!b_.grad().defined()) return at::Tensor();
-  return b_.grad().select(0, slot).narrow(1, 0, ranks_.at(slot));
+  const at::Tensor& grad = grad_b_.at(slot);
+  return grad.defined() ? grad.narrow(1, 0, ranks_.at(slot)) : at::Tensor();
+}
+
+at::Tensor& LoraLinear::slot_grad_a(int64_t slot) const {
+  at::Tensor& grad = grad_a_.at(slot);
+  if (!grad.defined()) grad = at::zeros({a_.size(1), a_.size(2)}, a_.options());  // [max_rank, in]
+  return grad;
+}
+
+at::Tensor& LoraLinear::slot_grad_b(int64_t slot) const {
+  at::Tensor& grad = grad_b_.at(slot);
+  if (!grad.defined()) grad = at::zeros({b_.size(1), b_.size(2)}, b_.options());  // [out, max_rank]
+  return grad;
 }
 
 void LoraLinear::zero_slot_grad(int64_t slot) {
-  c10::NoGradGuard no_grad;
-  if (a_.grad().defined()) a_.mutable_grad().select(0, slot).zero_();
-  if (b_.grad().defined()) b_.mutable_grad().select(0, slot).zero_();
+  // Kept allocated: the slot's next step accumulates into the same buffers.
+  if (grad_a_.at(slot).defined()) grad_a_[slot].zero_();
+  if (grad_b_.at(slot).defined()) grad_b_[slot].zero_();
 }
 
 void LoraLinear::set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b) {

@@ -39,6 +39,10 @@ class LoraLinear {
   at::Tensor lora_b_grad(int64_t slot) const;
   /// Zeroes the slot's accumulated gradients only (other slots keep theirs).
   void zero_slot_grad(int64_t slot);
+  /// The slot's gradient accumulators at the stacks' full size ([max_rank, in] / [out, max_rank]), allocated
+  /// (zeroed) on first use. The autograd backward adds into them; only slots that trained hold memory.
+  at::Tensor& slot_grad_a(int64_t slot) const;
+  at::Tensor& slot_grad_b(int64_t slot) const;
   /// Copies PEFT-oriented factors into the slot; throws InvalidArgument on shape mismatch.
   void set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b);
 
@@ -52,10 +56,13 @@ class LoraLinear {
  private:
   at::Tensor weight_;  // [out, in], frozen
   at::Tensor bias_;    // [out] or undefined
-  at::Tensor a_;       // [S, max_rank, in] float32, requires grad
-  at::Tensor b_;       // [S, out, max_rank] float32, requires grad
+  at::Tensor a_;       // [S, max_rank, in] float32; requires grad (so the backward runs), never gets a .grad
+  at::Tensor b_;       // [S, out, max_rank] float32; likewise
   std::vector<int64_t> ranks_;    // [S]; 0 = LoRA off for this slot in this module
   std::vector<double> scalings_;  // [S]
+  // Per-slot gradient accumulators, written by the autograd backward through a const module (hence mutable).
+  mutable std::vector<at::Tensor> grad_a_;  // [S] of [max_rank, in] or undefined
+  mutable std::vector<at::Tensor> grad_b_;  // [S] of [out, max_rank] or undefined
 };
 
 }  // namespace skyrl_tx::lora

@@ -105,24 +105,27 @@ TEST_F(LoraLinearTest, DisableSlotZeroesFactorsAndGrads) {
   lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
   lin.set_factors(2, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
   lin.forward(x_, AdapterSegments({{1, 0, 4}, {2, 4, 5}})).sum().backward();
-  ASSERT_TRUE(lin.stacked_a().grad().defined());
-  ASSERT_GT(lin.stacked_a().grad().select(0, 1).abs().max().item<float>(), 0.0f);
-  ASSERT_GT(lin.stacked_b().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  ASSERT_TRUE(lin.lora_a_grad(1).defined() && lin.lora_a_grad(2).defined());
+  ASSERT_GT(lin.lora_a_grad(1).abs().max().item<float>(), 0.0f);
+  ASSERT_GT(lin.lora_b_grad(1).abs().max().item<float>(), 0.0f);
   at::Tensor a2_before = lin.lora_a(2).detach().clone();
-  at::Tensor grad_a2_before = lin.stacked_a().grad().select(0, 2).clone();
+  at::Tensor grad_a2_before = lin.lora_a_grad(2).clone();
 
   lin.disable_slot(1);
   EXPECT_FALSE(lin.slot_enabled(1));
   EXPECT_EQ(lin.stacked_a().select(0, 1).abs().max().item<float>(), 0.0f);
   EXPECT_EQ(lin.stacked_b().select(0, 1).abs().max().item<float>(), 0.0f);
-  EXPECT_EQ(lin.stacked_a().grad().select(0, 1).abs().max().item<float>(), 0.0f);
-  EXPECT_EQ(lin.stacked_b().grad().select(0, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_FALSE(lin.lora_a_grad(1).defined());  // released with the slot
+  EXPECT_FALSE(lin.lora_b_grad(1).defined());
   // The neighbour slot is untouched.
   EXPECT_TENSOR_EQ(lin.lora_a(2), a2_before);
-  EXPECT_TENSOR_EQ(lin.stacked_a().grad().select(0, 2), grad_a2_before);
+  EXPECT_TENSOR_EQ(lin.lora_a_grad(2), grad_a2_before);
   // The disabled slot is back to the base output and set_factors is refused.
   EXPECT_TRUE(at::equal(lin.forward(x_, AdapterSegments::uniform(1, x_.size(0))), at::linear(x_, weight_, bias_)));
   EXPECT_THROW(lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_)), InvalidArgument);
+  // A new tenant of slot 1 starts from zero gradients.
+  lin.enable_slot(1, kMaxRank, 1.0, make_gen(5));
+  EXPECT_FALSE(lin.lora_a_grad(1).defined());
 }
 
 TEST_F(LoraLinearTest, SetFactorsRejectsWrongShapes) {
@@ -171,18 +174,26 @@ TEST_F(LoraLinearTest, GradientsReachOnlyTheUsedSlot) {
   at::Tensor x = x_.narrow(0, 0, 6);
   lin.forward(x, AdapterSegments({{0, 0, 2}, {1, 2, 4}})).sum().backward();
 
-  at::Tensor ga = lin.stacked_a().grad(), gb = lin.stacked_b().grad();
-  ASSERT_TRUE(ga.defined() && gb.defined());
+  // Only the slot that had rows holds gradient buffers; the stacks themselves get no .grad.
+  ASSERT_TRUE(lin.lora_a_grad(1).defined() && lin.lora_b_grad(1).defined());
   for (int64_t slot : {0, 2, 3}) {
-    EXPECT_EQ(ga.select(0, slot).abs().max().item<float>(), 0.0f) << "slot " << slot;
-    EXPECT_EQ(gb.select(0, slot).abs().max().item<float>(), 0.0f) << "slot " << slot;
+    EXPECT_FALSE(lin.lora_a_grad(slot).defined()) << "slot " << slot;
+    EXPECT_FALSE(lin.lora_b_grad(slot).defined()) << "slot " << slot;
   }
+  EXPECT_FALSE(lin.stacked_a().grad().defined());
+  EXPECT_FALSE(lin.stacked_b().grad().defined());
+  at::Tensor ga = lin.lora_a_grad(1), gb = lin.lora_b_grad(1);
   // d/dB[o,r] sum = s * sum_n (x A^T)[n,r];  d/dA[r,i] sum = s * (sum_o B[o,r]) * (sum_n x[n,i])
   at::Tensor xs = x.narrow(0, 2, 4);
   at::Tensor expect_gb = scaling * at::matmul(xs, a1.t()).sum(0).unsqueeze(0).expand({kOut, kMaxRank});
   at::Tensor expect_ga = scaling * at::outer(b1.sum(0), xs.sum(0));
-  EXPECT_TENSOR_CLOSE(gb.select(0, 1), expect_gb, 1e-5, 1e-5);
-  EXPECT_TENSOR_CLOSE(ga.select(0, 1), expect_ga, 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(gb, expect_gb, 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(ga, expect_ga, 1e-5, 1e-5);
+  // A second backward accumulates (Tinker: gradients add up until optim_step); zero_slot_grad resets.
+  lin.forward(x, AdapterSegments({{0, 0, 2}, {1, 2, 4}})).sum().backward();
+  EXPECT_TENSOR_CLOSE(lin.lora_a_grad(1), 2 * expect_ga, 1e-5, 1e-5);
+  lin.zero_slot_grad(1);
+  EXPECT_EQ(lin.lora_a_grad(1).abs().max().item<float>(), 0.0f);
   // The frozen base weight gets no gradient.
   EXPECT_FALSE(lin.weight().requires_grad());
 }
