@@ -5,13 +5,16 @@ small forward_backward, optim_step and sample calls (submit to `.result()`). The
 on a NativeBackend in this process (same base model, same settings, same data, same thread count), and the
 overhead of round trip i is rtt_i - median(compute); p50 and p99 are over i. The server's own futures table
 splits each round trip into queue (stored -> claimed by the engine), engine (claimed -> done, compute included)
-and the rest (HTTP, parsing and storing the request, long-poll wake-up, SDK).
+and the rest (HTTP, parsing and storing the request, long-poll wake-up, SDK). CPU time per call of the API
+server, the engine and the client (SDK) processes is reported too (Linux /proc): on a shared or small machine it
+is steadier than wall time, and it says which process the overhead is spent in.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -23,7 +26,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from skyrl_tx.bench.report import write_json
 
@@ -49,9 +52,24 @@ def _healthy(url: str) -> bool:
         return False
 
 
+class LiveServer(NamedTuple):
+    url: str
+    data_dir: Path
+    pid: int
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (all its threads) from /proc; None where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 @contextlib.contextmanager
-def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[tuple[str, Path]]:
-    """The real server in a subprocess on a free port, with a fresh data directory; yields (base URL, data dir)."""
+def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[LiveServer]:
+    """The real server in a subprocess on a free port, with a fresh data directory."""
     data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_"))
     log_path, port = data_dir / "server.log", _free_port()
     env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
@@ -67,7 +85,7 @@ def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[
                 raise RuntimeError("bench api: the server did not start; log tail:\n"
                                    + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
             time.sleep(0.1)
-        yield url, data_dir
+        yield LiveServer(url, data_dir, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -89,25 +107,44 @@ def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
     return out
 
 
-def sdk_round_trips(url: str, base_model: str, warmup: int, reps: int) -> dict[str, list[float]]:
-    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+def _engine_pid(url: str) -> int | None:
+    with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=5) as response:
+        return json.loads(response.read()).get("engine_pid")
+
+
+def sdk_round_trips(live: LiveServer, base_model: str, warmup: int,
+                    reps: int) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Round-trip seconds per call, and CPU milliseconds per call of each process (where /proc exists)."""
+    os.environ.update(TINKER_BASE_URL=live.url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
     import tinker
     from tinker import types
 
+    pids = {"api_server": live.pid, "engine": _engine_pid(live.url)}
+
+    def cpu_now() -> dict[str, float | None]:
+        return {"client": time.process_time(),
+                **{name: process_cpu_seconds(pid) if pid else None for name, pid in pids.items()}}
+
     datum = types.Datum(model_input=types.ModelInput.from_ints(TRAIN_TOKENS[:-1]),
                         loss_fn_inputs={"target_tokens": TRAIN_TOKENS[1:], "weights": [1.0] * (len(TRAIN_TOKENS) - 1)})
-    with tinker.ServiceClient() as service:
+    with tinker.ServiceClient(base_url=live.url) as service:
         trainer = service.create_lora_training_client(base_model=base_model, rank=RANK, seed=0).result()
         sampler = trainer.save_weights_and_get_sampling_client(name="bench").result()
         prompt = types.ModelInput.from_ints(PROMPT)
         params = types.SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=1, stop=[])
         adam = types.AdamParams(learning_rate=1e-4)
-        return {
-            "forward_backward": _timed(lambda: trainer.forward_backward([datum], "cross_entropy").result(), warmup,
-                                       reps),
-            "optim_step": _timed(lambda: trainer.optim_step(adam).result(), warmup, reps),
-            "sample": _timed(lambda: sampler.sample(prompt, 1, params).result(), warmup, reps),
-        }
+        calls = {"forward_backward": lambda: trainer.forward_backward([datum], "cross_entropy").result(),
+                 "optim_step": lambda: trainer.optim_step(adam).result(),
+                 "sample": lambda: sampler.sample(prompt, 1, params).result()}
+        rtt, cpu = {}, {}
+        for name, call in calls.items():
+            _timed(call, warmup, 0)
+            before = cpu_now()
+            rtt[name] = _timed(call, 0, reps)
+            after = cpu_now()
+            cpu[name] = {proc: (after[proc] - before[proc]) / reps * 1e3 for proc in after
+                         if after[proc] is not None and before[proc] is not None}
+        return rtt, cpu
 
 
 def server_timings(data_dir: Path) -> dict[str, list[tuple[float, float, float]]]:
@@ -157,7 +194,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(rtt: dict[str, list[float]], compute: dict[str, list[float]],
-              timings: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, float]]:
+              timings: dict[str, list[tuple[float, float, float]]],
+              cpu: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
     """Overhead percentiles per call; where the server's futures line up with the timed calls, also where the
     time went: queue (stored → claimed by the engine), engine (claimed → done, compute included) and outside
     the engine (HTTP, request parsing and storing, long-poll wake-up, SDK)."""
@@ -174,6 +212,8 @@ def summarize(rtt: dict[str, list[float]], compute: dict[str, list[float]],
             entry["engine_p50_ms"] = percentile([d - s for _, s, d in futures], 0.5) * 1e3
             outside = [t - (d - c) for t, (c, _, d) in zip(trips, futures)]
             entry["outside_engine_p50_ms"] = percentile(outside, 0.5) * 1e3
+        for proc, ms in (cpu or {}).get(call, {}).items():
+            entry[f"{proc}_cpu_ms_per_call"] = ms
         out[call] = entry
     return out
 
@@ -191,18 +231,20 @@ def run_api(argv: list[str]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    with server(args.base_model, args.threads) as (url, data_dir):
-        rtt = sdk_round_trips(url, args.base_model, args.warmup, args.reps)
-        timings = server_timings(data_dir)
+    with server(args.base_model, args.threads) as live:
+        rtt, cpu = sdk_round_trips(live, args.base_model, args.warmup, args.reps)
+        timings = server_timings(live.data_dir)
     compute = direct_compute(args.base_model, args.warmup, args.reps)
-    calls = summarize(rtt, compute, timings)
+    calls = summarize(rtt, compute, timings, cpu)
     p50 = max(c["overhead_p50_ms"] for c in calls.values())
     report = {"benchmark": "api", "base_model": args.base_model, "threads": args.threads, "reps": args.reps,
               "method": __doc__.split("Method: ", 1)[1].strip().replace("\n", " "), "calls": calls,
               "targets": {"overhead_p50_ms": {"target": TARGET_P50_MS, "value": p50, "met": p50 <= TARGET_P50_MS}}}
     columns = [("round_trip_p50_ms", "round trip p50"), ("round_trip_p99_ms", "p99"), ("compute_p50_ms", "compute p50"),
                ("overhead_p50_ms", "overhead p50"), ("overhead_p99_ms", "overhead p99"), ("queue_p50_ms", "queue p50"),
-               ("engine_p50_ms", "engine p50"), ("outside_engine_p50_ms", "outside engine p50")]
+               ("engine_p50_ms", "engine p50"), ("outside_engine_p50_ms", "outside engine p50"),
+               ("api_server_cpu_ms_per_call", "API CPU/call"), ("engine_cpu_ms_per_call", "engine CPU/call"),
+               ("client_cpu_ms_per_call", "SDK CPU/call")]
     rows = [("call", *(label for _, label in columns))]
     for name, c in calls.items():
         rows.append((name, *(f"{c[k]:.2f} ms" if k in c else "-" for k, _ in columns)))
