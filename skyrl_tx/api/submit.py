@@ -38,14 +38,20 @@ def submit_future(request: Request, db: Session, *, future_id: str, request_type
     return future_id
 
 
+def _model_not_found(model_id: str) -> NotFoundError:
+    return NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
+
+
 def require_model(db: Session, model_id: str) -> None:
-    """NotFoundError unless the model exists and is not unloaded."""
+    """NotFoundError unless the model exists and is not unloaded (reads its status only: the hot-path check)."""
     status = db.execute(future_queries.MODEL_STATUS, {"id_": model_id}).scalar_one_or_none()
     if status is None or status == ModelStatus.UNLOADED.value:
-        raise NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
+        raise _model_not_found(model_id)
 
 
 def live_model(db: Session, model_id: str) -> ModelRecord:
-    """The model's record, or NotFoundError as require_model gives it."""
-    require_model(db, model_id)
-    return db.get(ModelRecord, model_id)
+    """The model's record, with require_model's NotFoundError when it is missing or unloaded."""
+    model = db.get(ModelRecord, model_id)
+    if model is None or model.status == ModelStatus.UNLOADED.value:
+        raise _model_not_found(model_id)
+    return model

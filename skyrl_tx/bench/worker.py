@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -17,8 +18,6 @@ import time
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
-        import os
-
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
