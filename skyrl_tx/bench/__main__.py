@@ -32,7 +32,8 @@ def _compute_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads for both sides (default: torch's default)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per side and workload")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per side and workload (median reported)")
-    p.add_argument("--workloads", nargs="+", choices=wl.WORKLOADS, default=list(wl.WORKLOADS))
+    p.add_argument("--workloads", nargs="+", choices=wl.WORKLOADS,
+                   help=f"default: {' '.join(wl.CPU_WORKLOADS)} on cpu; all on a GPU")
     p.add_argument("--json", type=Path, help="also write the full report here")
     p.add_argument("--peak-bandwidth-tbs", type=float, help="device memory bandwidth in TB/s (default: GPU table)")
     p.add_argument("--peak-tflops", type=float, help="device peak TFLOP/s in the benchmark dtype (default: GPU table)")
@@ -60,7 +61,8 @@ def run_compute(argv: list[str]) -> dict:
     path = model_dir(cfg)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     shape = ModelShape.of(cfg.preset, vocab)
-    raw = run_all(RunOptions(cfg, path, args.device, threads, args.warmup, args.reps, tuple(args.workloads)))
+    workloads = tuple(args.workloads or wl.default_workloads(args.device))
+    raw = run_all(RunOptions(cfg, path, args.device, threads, args.warmup, args.reps, workloads))
     meta = {"device": args.device, "device_name": device_name, "threads": threads, "torch": torch.__version__,
             "warmup": args.warmup, "reps": args.reps,
             "peak_flops": peaks.flops or 0.0, "peak_bandwidth_bytes_per_s": peaks.bandwidth or 0.0}

@@ -19,11 +19,10 @@ class Workload:
     """How much work each measurement does (identical for skyrl_tx and HF + PEFT)."""
 
     train_seq_len: int  # tokens per training sequence
-    train_batch: int  # sequences per forward_backward (one adapter); 4-adapter runs give each adapter this many / 4
+    train_batch: int  # sequences per forward_backward; N-adapter runs give each adapter this many / N (at least 1)
     sample_prompt_len: int
     sample_new_tokens: int
     lora_rank: int = 16
-    num_adapters: int = 4
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ def _backend(model_dir: Path, cfg: BenchConfig, device: str, workload: str, new_
     # activations (the README's CPU advice); a GPU needs the whole batch in one pass to fill its SMs.
     batch = wl.sample_batch(workload)
     micro_batch_tokens = w.train_seq_len if device == "cpu" else max(8192, w.train_batch * w.train_seq_len)
-    settings = BackendSettings(max_lora_adapters=wl.num_adapters(workload, cfg), max_lora_rank=w.lora_rank,
+    settings = BackendSettings(max_lora_adapters=wl.num_adapters(workload), max_lora_rank=w.lora_rank,
                                max_resident_snapshots=1, dtype=cfg.dtype, device=device, max_sampling_sequences=batch,
                                max_sampling_length=w.sample_prompt_len + max(new_tokens, 1),
                                train_micro_batch_tokens=micro_batch_tokens)
@@ -50,7 +50,7 @@ def build(workload: str, model_dir: Path, cfg: BenchConfig, device: str,
 
     data = wl.train_data(workload, cfg) if wl.is_training(workload) else wl.sample_data(workload, cfg, new_tokens)
     backend = _backend(model_dir, cfg, device, workload, data.new_tokens if isinstance(data, wl.SampleData) else 1)
-    names = [f"adapter-{i}" for i in range(wl.num_adapters(workload, cfg))]
+    names = [f"adapter-{i}" for i in range(wl.num_adapters(workload))]
     for i, name in enumerate(names):
         _add_adapter(backend, name, cfg, seed=i + 1)
 

@@ -1,4 +1,4 @@
-"""The four measured workloads (names, sizes, deterministic token data), shared by both sides of the comparison."""
+"""The measured workloads (names, sizes, deterministic token data), shared by both sides of the comparison."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from skyrl_tx.bench.configs import BenchConfig
 
 TRAIN_1 = "train_1_adapter"
 TRAIN_N = "train_4_adapters"
+TRAIN_8 = "train_8_adapters"
 SAMPLE_1 = "sample_batch_1"
 SAMPLE_16 = "sample_batch_16"
-WORKLOADS = (TRAIN_1, TRAIN_N, SAMPLE_1, SAMPLE_16)
+SAMPLE_64 = "sample_batch_64"
+WORKLOADS = (TRAIN_1, TRAIN_N, TRAIN_8, SAMPLE_1, SAMPLE_16, SAMPLE_64)
+CPU_WORKLOADS = (TRAIN_1, TRAIN_N, SAMPLE_1, SAMPLE_16)  # the GPU adds the 8-adapter batch and decode at batch 64
+_ADAPTERS = {TRAIN_N: 4, TRAIN_8: 8}
+_SAMPLE_BATCH = {SAMPLE_1: 1, SAMPLE_16: 16, SAMPLE_64: 64}
 TOKEN_RANGE = 2000  # ids drawn from [0, 2000): inside every config's tokenizer, away from the special tokens
 LEARNING_RATE = 1e-4  # AdamW as the Tinker SDK defaults it: betas (0.9, 0.95), eps 1e-12, no weight decay
 BETAS = (0.9, 0.95)
@@ -51,22 +56,26 @@ class Prepared:
     run_first_token: Callable[[], None] | None = None
 
 
+def default_workloads(device: str) -> tuple[str, ...]:
+    return CPU_WORKLOADS if device == "cpu" else WORKLOADS
+
+
 def is_training(workload: str) -> bool:
-    return workload in (TRAIN_1, TRAIN_N)
+    return workload in (TRAIN_1, TRAIN_N, TRAIN_8)
 
 
-def num_adapters(workload: str, cfg: BenchConfig) -> int:
-    return cfg.workload.num_adapters if workload == TRAIN_N else 1
+def num_adapters(workload: str) -> int:
+    return _ADAPTERS.get(workload, 1)
 
 
 def sample_batch(workload: str) -> int:
-    return 16 if workload == SAMPLE_16 else 1
+    return _SAMPLE_BATCH.get(workload, 1)
 
 
 def train_data(workload: str, cfg: BenchConfig) -> TrainData:
     """The same total tokens either way: one adapter gets `train_batch` rows; N adapters split them evenly."""
     w = cfg.workload
-    adapters = num_adapters(workload, cfg)
+    adapters = num_adapters(workload)
     rows = max(1, w.train_batch // adapters)
     gen = torch.Generator().manual_seed(1234)
     return TrainData([torch.randint(0, TOKEN_RANGE, (rows, w.train_seq_len + 1), generator=gen)

@@ -35,7 +35,8 @@ def assert_finite(report: dict) -> None:
 
 
 def test_compute_benchmark_reports_every_workload(tmp_path: Path, preset_cache: Path) -> None:
-    report = run_bench(["--config", "tiny", "--threads", "1", "--warmup", "0", "--reps", "1"], tmp_path)
+    report = run_bench(["--config", "tiny", "--threads", "1", "--warmup", "0", "--reps", "1",
+                        "--workloads", *WORKLOADS], tmp_path)
     assert_finite(report)
     assert set(report["workloads"]) == set(WORKLOADS)
     for name, entry in report["workloads"].items():
@@ -48,6 +49,7 @@ def test_compute_benchmark_reports_every_workload(tmp_path: Path, preset_cache: 
         assert all(v > 0 for v in measured.values()), {k: v for k, v in measured.items() if v <= 0}
     for target in report["targets"].values():
         assert target["value"] > 0 and isinstance(target["met"], bool)
+    assert "train_8_adapters_vs_train_1_adapter_throughput" in report["targets"]
     assert report["device"] == "cpu" and report["threads"] == 1 and report["model"]["matmul_params"] > 0
 
 
