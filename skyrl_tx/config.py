@@ -26,6 +26,7 @@ class BackendSettings:
     max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
     max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
+    cuda_graphs: bool = True  # GPU: capture each decode step shape as a CUDA graph once, then replay it
 
     @classmethod
     def valid_keys(cls) -> list[str]:

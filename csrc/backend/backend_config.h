@@ -19,6 +19,7 @@ struct BackendConfig {
   int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
   int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
+  bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

@@ -63,6 +63,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("max_sampling_sequences", &BackendConfig::max_sampling_sequences)
       .def_readwrite("max_sampling_length", &BackendConfig::max_sampling_length)
       .def_readwrite("max_resident_snapshots", &BackendConfig::max_resident_snapshots)
+      .def_readwrite("cuda_graphs", &BackendConfig::cuda_graphs)
       .def("validate", &BackendConfig::validate);
 }
 

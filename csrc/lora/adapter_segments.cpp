@@ -39,7 +39,15 @@ AdapterSegments AdapterSegments::uniform(int64_t slot, int64_t num_tokens) {
   return AdapterSegments({{slot, 0, num_tokens}});
 }
 
+AdapterSegments AdapterSegments::row_dense(at::Tensor slot_columns) {
+  SKYRL_TX_INTERNAL_ASSERT(slot_columns.dim() == 2, "slot_columns must be [N, slots * max_rank]");
+  AdapterSegments out;
+  out.slot_columns_ = std::move(slot_columns);
+  return out;
+}
+
 AdapterSegments AdapterSegments::slice(int64_t begin, int64_t length) const {
+  SKYRL_TX_INTERNAL_ASSERT(!row_dense(), "row-dense segments cannot be sliced");
   std::vector<Segment> out;
   const int64_t end = begin + length;
   for (const Segment& s : segments_) {
@@ -51,12 +59,14 @@ AdapterSegments AdapterSegments::slice(int64_t begin, int64_t length) const {
 }
 
 int64_t AdapterSegments::num_tokens() const {
+  if (row_dense()) return slot_columns_.size(0);
   int64_t n = 0;
   for (const Segment& s : segments_) n += s.length;
   return n;
 }
 
 bool AdapterSegments::only_base() const {
+  if (row_dense()) return false;
   return std::all_of(segments_.begin(), segments_.end(), [](const Segment& s) { return s.slot == 0; });
 }
 

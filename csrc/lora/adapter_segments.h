@@ -1,6 +1,8 @@
 // AdapterSegments: contiguous token ranges of a flattened batch that share one adapter slot.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -25,15 +27,22 @@ class AdapterSegments {
   static AdapterSegments from_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
   /// All `num_tokens` rows use one slot.
   static AdapterSegments uniform(int64_t slot, int64_t num_tokens);
+  /// Row-dense (inference): slot_columns [N, num_slots * max_rank] float, 1 where the column belongs to row n's
+  /// slot. Every LoRA layer then applies all slots in two matmuls, with no host-side segment structure: the
+  /// shape a CUDA graph can capture once and replay for any assignment of rows to adapters.
+  static AdapterSegments row_dense(at::Tensor slot_columns);
 
   /// The segments overlapping [begin, begin + length), clipped and rebased to start at 0.
   AdapterSegments slice(int64_t begin, int64_t length) const;
   const std::vector<Segment>& segments() const { return segments_; }
   int64_t num_tokens() const;
   bool only_base() const;
+  bool row_dense() const { return slot_columns_.defined(); }
+  const at::Tensor& slot_columns() const { return slot_columns_; }
 
  private:
-  std::vector<Segment> segments_;
+  std::vector<Segment> segments_;  // empty when row-dense
+  at::Tensor slot_columns_;        // row-dense only
 };
 
 }  // namespace skyrl_tx::lora

@@ -21,7 +21,9 @@ LoraLinear::LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, in
   SKYRL_TX_INTERNAL_ASSERT(weight_.dim() == 2, "weight must be [out, in]");
   auto opts = weight_.options().dtype(at::kFloat);
   a_ = at::zeros({num_slots, max_rank, in_features()}, opts).requires_grad_(true);
-  b_ = at::zeros({num_slots, out_features(), max_rank}, opts).requires_grad_(true);
+  // [out, S, R]: viewed as [out, S * R] it is every slot's B side by side (the row-dense path's one matmul).
+  b_ = at::zeros({out_features(), num_slots, max_rank}, opts).requires_grad_(true);
+  column_scaling_ = at::zeros({num_slots * max_rank}, opts);
 }
 
 namespace {
@@ -34,7 +36,7 @@ at::Tensor slot_a(const at::Tensor& a, int64_t slot, int64_t rank, at::ScalarTyp
 }
 
 at::Tensor slot_b(const at::Tensor& b, int64_t slot, int64_t rank, at::ScalarType dtype) {
-  return b.select(0, slot).narrow(1, 0, rank).to(dtype);  // [out, rank]
+  return b.select(1, slot).narrow(1, 0, rank).to(dtype);  // [out, rank]
 }
 
 // y = x W^T + b + sum_s scaling_s (x_s A_s^T) B_s^T in one autograd node (W and b frozen). The LoRA update
@@ -94,6 +96,7 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
 }  // namespace
 
 at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segments) const {
+  if (segments.row_dense()) return forward_row_dense(x, segments.slot_columns());
   std::vector<int64_t> active;  // kSegmentFields per segment whose slot has LoRA here
   std::vector<double> scalings;
   for (const Segment& s : segments.segments()) {
@@ -118,6 +121,26 @@ at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segme
   return y;
 }
 
+at::Tensor LoraLinear::forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const {
+  SKYRL_TX_INTERNAL_ASSERT(!c10::GradMode::is_enabled(), "the row-dense LoRA path is inference only");
+  const int64_t columns = a_.size(0) * a_.size(1);
+  at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
+  // Every slot's A at once: xa[n, s * R + r] = A_s[r] . x_n; then keep only row n's own slot, scaled.
+  at::Tensor xa = at::mm(x.to(at::kFloat), a_.view({columns, in_features()}).t());  // [N, S * R]
+  xa.mul_(slot_columns).mul_(column_scaling_);
+  y.add_(at::mm(xa, b_.view({out_features(), columns}).t()));  // [N, out]
+  return y;
+}
+
+void LoraLinear::set_slot_scaling(int64_t slot, int64_t rank, double scaling) {
+  ranks_[slot] = rank;
+  scalings_[slot] = scaling;
+  const int64_t max_rank = a_.size(1);
+  at::Tensor columns = column_scaling_.narrow(0, slot * max_rank, max_rank);
+  columns.zero_();
+  if (rank > 0) columns.narrow(0, 0, rank).fill_(scaling);
+}
+
 void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator) {
   SKYRL_TX_INTERNAL_ASSERT(slot > 0 && slot < static_cast<int64_t>(ranks_.size()), "slot out of range");
   SKYRL_TX_INTERNAL_ASSERT(rank > 0 && rank <= a_.size(1), "rank out of range");
@@ -127,10 +150,9 @@ void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Gen
   at::Tensor init = at::empty({rank, in_features()}, at::TensorOptions().dtype(at::kFloat));
   init.uniform_(-bound, bound, generator);
   a_.select(0, slot).zero_();
-  b_.select(0, slot).zero_();
+  b_.select(1, slot).zero_();
   a_.select(0, slot).narrow(0, 0, rank).copy_(init);
-  ranks_[slot] = rank;
-  scalings_[slot] = scaling;
+  set_slot_scaling(slot, rank, scaling);
 }
 
 void LoraLinear::load_slot(int64_t slot, int64_t rank, double scaling, const at::Tensor& a, const at::Tensor& b) {
@@ -138,25 +160,23 @@ void LoraLinear::load_slot(int64_t slot, int64_t rank, double scaling, const at:
   SKYRL_TX_INTERNAL_ASSERT(rank > 0 && rank <= a_.size(1), "rank out of range");
   c10::NoGradGuard no_grad;
   a_.select(0, slot).zero_();
-  b_.select(0, slot).zero_();
-  ranks_[slot] = rank;
-  scalings_[slot] = scaling;
+  b_.select(1, slot).zero_();
+  set_slot_scaling(slot, rank, scaling);
   set_factors(slot, a, b);
 }
 
 void LoraLinear::disable_slot(int64_t slot) {
   c10::NoGradGuard no_grad;
   a_.select(0, slot).zero_();
-  b_.select(0, slot).zero_();
+  b_.select(1, slot).zero_();
   grad_a_.at(slot) = at::Tensor();  // freed: the next tenant of the slot starts without gradients
   grad_b_.at(slot) = at::Tensor();
-  ranks_[slot] = 0;
-  scalings_[slot] = 0.0;
+  set_slot_scaling(slot, 0, 0.0);
 }
 
 at::Tensor LoraLinear::lora_a(int64_t slot) const { return a_.select(0, slot).narrow(0, 0, ranks_.at(slot)); }
 
-at::Tensor LoraLinear::lora_b(int64_t slot) const { return b_.select(0, slot).narrow(1, 0, ranks_.at(slot)); }
+at::Tensor LoraLinear::lora_b(int64_t slot) const { return b_.select(1, slot).narrow(1, 0, ranks_.at(slot)); }
 
 at::Tensor LoraLinear::lora_a_grad(int64_t slot) const {
   const at::Tensor& grad = grad_a_.at(slot);
@@ -176,7 +196,7 @@ at::Tensor& LoraLinear::slot_grad_a(int64_t slot) const {
 
 at::Tensor& LoraLinear::slot_grad_b(int64_t slot) const {
   at::Tensor& grad = grad_b_.at(slot);
-  if (!grad.defined()) grad = at::zeros({b_.size(1), b_.size(2)}, b_.options());  // [out, max_rank]
+  if (!grad.defined()) grad = at::zeros({b_.size(0), b_.size(2)}, b_.options());  // [out, max_rank]
   return grad;
 }
 

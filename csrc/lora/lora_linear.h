@@ -18,6 +18,7 @@ class LoraLinear {
   LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, int64_t max_rank);
 
   /// x: [N, in] → [N, out]. Segments with slot 0, or a slot not enabled here, get the base output only.
+  /// Row-dense segments (inference): each row's slot comes from a device tensor, no host-side segment loop.
   at::Tensor forward(const at::Tensor& x, const AdapterSegments& segments) const;
 
   /// Enables LoRA for `slot` with `rank` and `scaling`; A ~ kaiming-uniform(a=sqrt(5)) from `generator`
@@ -48,8 +49,11 @@ class LoraLinear {
 
   const at::Tensor& weight() const { return weight_; }
   const at::Tensor& bias() const { return bias_; }
-  at::Tensor& stacked_a() { return a_; }
-  at::Tensor& stacked_b() { return b_; }
+  /// The slot's whole factor storage at max_rank (A [max_rank, in], B [out, max_rank]); views.
+  at::Tensor slot_storage_a(int64_t slot) const { return a_.select(0, slot); }
+  at::Tensor slot_storage_b(int64_t slot) const { return b_.select(1, slot); }
+  const at::Tensor& stacked_a() const { return a_; }
+  const at::Tensor& stacked_b() const { return b_; }
   int64_t in_features() const { return weight_.size(1); }
   int64_t out_features() const { return weight_.size(0); }
 
@@ -57,12 +61,18 @@ class LoraLinear {
   at::Tensor weight_;  // [out, in], frozen
   at::Tensor bias_;    // [out] or undefined
   at::Tensor a_;       // [S, max_rank, in] float32; requires grad (so the backward runs), never gets a .grad
-  at::Tensor b_;       // [S, out, max_rank] float32; likewise
+  at::Tensor b_;       // [out, S, max_rank] float32; likewise
+  // [S * max_rank]: slot s's scaling on its first rank_s columns, 0 elsewhere (the row-dense path's mask).
+  at::Tensor column_scaling_;
   std::vector<int64_t> ranks_;    // [S]; 0 = LoRA off for this slot in this module
   std::vector<double> scalings_;  // [S]
   // Per-slot gradient accumulators, written by the autograd backward through a const module (hence mutable).
   mutable std::vector<at::Tensor> grad_a_;  // [S] of [max_rank, in] or undefined
   mutable std::vector<at::Tensor> grad_b_;  // [S] of [out, max_rank] or undefined
+
+  /// x [N, in], slot_columns [N, S * max_rank] (1 on the row's slot's columns) → [N, out].
+  at::Tensor forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const;
+  void set_slot_scaling(int64_t slot, int64_t rank, double scaling);
 };
 
 }  // namespace skyrl_tx::lora

@@ -15,7 +15,7 @@ const ModelConfig& validated(const ModelConfig& config) {
 }  // namespace
 
 CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options)
-    : config_(validated(config)), options_(options), rope_(config_) {
+    : config_(validated(config)), options_(options), rope_(config_, options.device) {
   WeightStore store(std::move(weights), options.dtype, options.device);
   BuildContext ctx{store, options.num_slots, options.max_rank};
   embed_tokens_ = store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});

@@ -22,16 +22,17 @@ at::Tensor llama3_scale(const at::Tensor& inv_freq, const RopeScaling& s) {
 
 }  // namespace
 
-RotaryEmbedding::RotaryEmbedding(const ModelConfig& config) {
+RotaryEmbedding::RotaryEmbedding(const ModelConfig& config, at::Device device) {
   const int64_t dim = config.resolved_head_dim();
   // inv_freq: [dim / 2] = 1 / theta^(2i / dim), computed in float32 exactly as transformers does.
   at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
   inv_freq_ = 1.0 / at::pow(config.rope_theta, exponent);
   if (config.rope_scaling.type == "llama3") inv_freq_ = llama3_scale(inv_freq_, config.rope_scaling);
+  inv_freq_ = inv_freq_.to(device);
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& positions, at::ScalarType dtype) const {
-  at::Tensor inv_freq = inv_freq_.to(positions.device());
+  at::Tensor inv_freq = inv_freq_.to(positions.device());  // a no-op on the model's own device
   // freqs: [B, T, dim / 2]; emb: [B, T, dim]
   at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
   at::Tensor emb = at::cat({freqs, freqs}, -1);

@@ -11,7 +11,9 @@ namespace skyrl_tx::models {
 
 class RotaryEmbedding {
  public:
-  explicit RotaryEmbedding(const ModelConfig& config);
+  /// inv_freq is computed on the CPU (bit-identical on every device), then kept on `device`: a per-call copy
+  /// would be a host-to-device transfer inside every forward (and is not allowed in a CUDA graph capture).
+  explicit RotaryEmbedding(const ModelConfig& config, at::Device device = at::kCPU);
 
   /// positions: int64 [B, T] → (cos, sin), each [B, T, head_dim] in `dtype`.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, at::ScalarType dtype) const;
@@ -21,7 +23,7 @@ class RotaryEmbedding {
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  at::Tensor inv_freq_;  // [head_dim / 2], float32, CPU until first use on a device
+  at::Tensor inv_freq_;  // [head_dim / 2], float32, on the model's device
 };
 
 }  // namespace skyrl_tx::models

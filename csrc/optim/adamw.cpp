@@ -21,11 +21,14 @@ void AdamParams::validate() const {
 }
 
 double global_grad_norm(const std::vector<TrainableTensor>& tensors) {
-  double total = 0.0;
+  std::vector<at::Tensor> grads;
   for (const auto& t : tensors) {
-    if (t.grad.defined()) total += t.grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (t.grad.defined()) grads.push_back(t.grad);
   }
-  return std::sqrt(total);
+  if (grads.empty()) return 0.0;
+  // Per-tensor norms in one multi-tensor pass, combined in double: one host sync, not one per tensor.
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads);
+  return at::stack(norms).to(at::kDouble).pow(2).sum().sqrt().item<double>();
 }
 
 std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>& tensors,
@@ -41,20 +44,34 @@ std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>
   const double bias1 = 1.0 - std::pow(params.beta1, static_cast<double>(step_));
   const double bias2_sqrt = std::sqrt(1.0 - std::pow(params.beta2, static_cast<double>(step_)));
   const double step_size = params.learning_rate / bias1;
+  // Float32 contiguous working copies where a tensor is not one already (bf16 weights, strided LoRA B views),
+  // so the update runs as a handful of multi-tensor kernels (torch.optim.AdamW's foreach path) rather than
+  // ~8 launches per tensor.
+  std::vector<at::Tensor> work, grads, exp_avgs, exp_avg_sqs;
   for (const auto& t : tensors) {
     auto [it, inserted] = moments_.try_emplace(t.name);
-    if (inserted) it->second = {at::zeros_like(t.param, at::kFloat), at::zeros_like(t.param, at::kFloat)};
-    auto& [exp_avg, exp_avg_sq] = it->second;
-    at::Tensor grad = t.grad.defined() ? t.grad.to(at::kFloat) : at::zeros_like(exp_avg);
-    if (grad_scale != 1.0) grad = grad * grad_scale;
-    // Same operation order as torch.optim.AdamW's single-tensor path.
-    at::Tensor param = t.param.to(at::kFloat);
-    param.mul_(1.0 - params.learning_rate * params.weight_decay);
-    exp_avg.lerp_(grad, 1.0 - params.beta1);
-    exp_avg_sq.mul_(params.beta2).addcmul_(grad, grad, 1.0 - params.beta2);
-    at::Tensor denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(params.eps);
-    param.addcdiv_(exp_avg, denom, -step_size);
-    if (!param.is_same(t.param)) t.param.copy_(param);  // bf16 params: the update is computed in float32
+    if (inserted) {
+      it->second = {at::zeros(t.param.sizes(), t.param.options().dtype(at::kFloat)),
+                    at::zeros(t.param.sizes(), t.param.options().dtype(at::kFloat))};
+    }
+    exp_avgs.push_back(it->second.first);
+    exp_avg_sqs.push_back(it->second.second);
+    grads.push_back(t.grad.defined() ? t.grad.to(at::kFloat).contiguous() : at::zeros_like(it->second.first));
+    work.push_back(t.param.scalar_type() == at::kFloat && t.param.is_contiguous() ? t.param
+                                                                                 : t.param.to(at::kFloat).contiguous());
+  }
+  if (grad_scale != 1.0) grads = at::_foreach_mul(grads, grad_scale);  // never in place: grads are the model's
+  // Same operation order as torch.optim.AdamW's single-tensor path (so CPU results match it bit for bit).
+  if (params.weight_decay != 0.0) at::_foreach_mul_(work, 1.0 - params.learning_rate * params.weight_decay);
+  at::_foreach_lerp_(exp_avgs, grads, 1.0 - params.beta1);
+  at::_foreach_mul_(exp_avg_sqs, params.beta2);
+  at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - params.beta2);
+  std::vector<at::Tensor> denom = at::_foreach_sqrt(exp_avg_sqs);
+  at::_foreach_div_(denom, bias2_sqrt);
+  at::_foreach_add_(denom, params.eps);
+  at::_foreach_addcdiv_(work, exp_avgs, denom, -step_size);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!work[i].is_same(tensors[i].param)) tensors[i].param.copy_(work[i]);  // back into the model's tensor
   }
   return {{"grad_norm", grad_norm}, {"learning_rate", params.learning_rate}, {"step", static_cast<double>(step_)}};
 }

@@ -36,7 +36,12 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
       token_bytes_(std::move(token_bytes)),
       cache_(model.config(), config.max_sequences, config.max_length, model.options().dtype, model.options().device),
       seed_source_(at::make_generator<at::CPUGeneratorImpl>(config.seed)),
-      rows_(config.max_sequences) {}
+      rows_(config.max_sequences) {
+  if (config.decode_mode != DecodeMode::kEager) {
+    static_decoder_ = std::make_unique<StaticDecoder>(model, cache_, config.max_sequences, config.max_length,
+                                                      config.decode_mode == DecodeMode::kCudaGraph);
+  }
+}
 
 void Generator::validate(SampleRequest& request) const {
   const int64_t vocab = model_.config().vocab_size;
@@ -212,6 +217,13 @@ void Generator::decode() {
     active.push_back(row);
     active_slots.push_back(seq.slot);
     attend_len = std::max(attend_len, seq.cached + 1);
+  }
+  if (static_decoder_) {
+    at::Tensor logits = static_decoder_->step(tokens, positions, slots, attend_len);  // [B, vocab] float
+    for (int64_t row : active) rows_[row]->cached += 1;
+    choose(active, static_cast<int64_t>(active.size()) == batch ? logits
+                                                                 : logits.index_select(0, device_tensor(active, device)));
+    return;
   }
   at::Tensor pos = device_tensor(positions, device);  // [B]
   models::KvCacheView view;

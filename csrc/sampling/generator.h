@@ -15,6 +15,7 @@
 #include "models/causal_lm.h"
 #include "sampling/kv_cache.h"
 #include "sampling/sampling_params.h"
+#include "sampling/static_decoder.h"
 #include "sampling/stop_matcher.h"
 
 namespace skyrl_tx::sampling {
@@ -24,6 +25,7 @@ struct GeneratorConfig {
   int64_t max_length = 2048;            // prompt + completion tokens per sequence
   int64_t prefill_token_budget = 8192;  // prompt tokens prefilled per step
   uint64_t seed = 0;                    // draws seeds for requests that bring none
+  DecodeMode decode_mode = DecodeMode::kEager;
 };
 
 /// NOTE: single owner (the engine thread); the model must outlive the generator.
@@ -75,6 +77,7 @@ class Generator {
   std::vector<int64_t> eos_tokens_;
   std::shared_ptr<const TokenBytes> token_bytes_;
   KvCache cache_;
+  std::unique_ptr<StaticDecoder> static_decoder_;  // null in eager mode
   at::Generator seed_source_;
   int64_t next_id_ = 1;
   std::deque<int64_t> waiting_;

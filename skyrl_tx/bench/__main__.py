@@ -35,6 +35,8 @@ def _compute_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", nargs="+", choices=wl.WORKLOADS,
                    help=f"default: {' '.join(wl.CPU_WORKLOADS)} on cpu; all on a GPU")
     p.add_argument("--json", type=Path, help="also write the full report here")
+    p.add_argument("--backend-config", default="{}",
+                   help="extra skyrl_tx --backend-config keys as JSON, e.g. '{\"cuda_graphs\": false}'")
     p.add_argument("--peak-bandwidth-tbs", type=float, help="device memory bandwidth in TB/s (default: GPU table)")
     p.add_argument("--peak-tflops", type=float, help="device peak TFLOP/s in the benchmark dtype (default: GPU table)")
     return p
@@ -62,8 +64,10 @@ def run_compute(argv: list[str]) -> dict:
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     shape = ModelShape.of(cfg.preset, vocab)
     workloads = tuple(args.workloads or wl.default_workloads(args.device))
-    raw = run_all(RunOptions(cfg, path, args.device, threads, args.warmup, args.reps, workloads))
+    raw = run_all(RunOptions(cfg, path, args.device, threads, args.warmup, args.reps, workloads,
+                             backend_config=args.backend_config))
     meta = {"device": args.device, "device_name": device_name, "threads": threads, "torch": torch.__version__,
+            "backend_config": json.loads(args.backend_config),
             "warmup": args.warmup, "reps": args.reps,
             "peak_flops": peaks.flops or 0.0, "peak_bandwidth_bytes_per_s": peaks.bandwidth or 0.0}
     if not peaks.flops:

@@ -27,6 +27,7 @@ class RunOptions:
     reps: int
     workloads: tuple[str, ...] = wl.WORKLOADS
     log: Any = sys.stderr
+    backend_config: str = "{}"  # JSON: extra BackendSettings for the skyrl_tx side
 
 
 class Worker:
@@ -35,7 +36,7 @@ class Worker:
     def __init__(self, side: str, workload: str, opts: RunOptions):
         args = [sys.executable, "-m", "skyrl_tx.bench.worker", "--side", side, "--workload", workload,
                 "--config", opts.config.name, "--model-dir", str(opts.model_dir), "--device", opts.device,
-                "--threads", str(opts.threads), "--warmup", str(opts.warmup)]
+                "--threads", str(opts.threads), "--warmup", str(opts.warmup), "--backend-config", opts.backend_config]
         # Same thread count for both sides, set before torch starts its pools.
         env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), "MKL_NUM_THREADS": str(opts.threads),
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1"}

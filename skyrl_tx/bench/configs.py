@@ -54,7 +54,7 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
                                                   intermediate_size=3072, num_hidden_layers=28,
                                                   num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                                                   tie_word_embeddings=True, max_position_embeddings=40960),
-                Workload(train_seq_len=1024, train_batch=8, sample_prompt_len=128, sample_new_tokens=256),
+                Workload(train_seq_len=1024, train_batch=8, sample_prompt_len=128, sample_new_tokens=128),
                 dtype="bfloat16", vocab_size=151936),
 )}
 

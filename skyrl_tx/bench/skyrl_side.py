@@ -18,7 +18,8 @@ def preload() -> None:
     load_extension()
 
 
-def _backend(model_dir: Path, cfg: BenchConfig, device: str, workload: str, new_tokens: int):
+def _backend(model_dir: Path, cfg: BenchConfig, device: str, workload: str, new_tokens: int,
+             overrides: dict | None = None):
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.config import BackendSettings
 
@@ -29,10 +30,11 @@ def _backend(model_dir: Path, cfg: BenchConfig, device: str, workload: str, new_
     # activations (the README's CPU advice); a GPU needs the whole batch in one pass to fill its SMs.
     batch = wl.sample_batch(workload)
     micro_batch_tokens = w.train_seq_len if device == "cpu" else max(8192, w.train_batch * w.train_seq_len)
-    settings = BackendSettings(max_lora_adapters=wl.num_adapters(workload), max_lora_rank=w.lora_rank,
-                               max_resident_snapshots=1, dtype=cfg.dtype, device=device, max_sampling_sequences=batch,
-                               max_sampling_length=w.sample_prompt_len + max(new_tokens, 1),
-                               train_micro_batch_tokens=micro_batch_tokens)
+    sized = dict(max_lora_adapters=wl.num_adapters(workload), max_lora_rank=w.lora_rank, max_resident_snapshots=1,
+                 dtype=cfg.dtype, device=device, max_sampling_sequences=batch,
+                 max_sampling_length=w.sample_prompt_len + max(new_tokens, 1),
+                 train_micro_batch_tokens=micro_batch_tokens)
+    settings = BackendSettings.from_dict({**sized, **(overrides or {})})  # validated like --backend-config
     return NativeBackend(model_dir, settings)
 
 
@@ -44,12 +46,14 @@ def _add_adapter(backend, name: str, cfg: BenchConfig, seed: int) -> None:
 
 
 def build(workload: str, model_dir: Path, cfg: BenchConfig, device: str,
-          new_tokens: int | None = None) -> wl.Prepared:
-    """The workload on a fresh backend. Sampling runs `new_tokens` per sequence (default: the config's)."""
+          new_tokens: int | None = None, backend_overrides: dict | None = None) -> wl.Prepared:
+    """The workload on a fresh backend. Sampling runs `new_tokens` per sequence (default: the config's);
+    `backend_overrides`: extra BackendSettings keys."""
     from skyrl_tx.types import AdamParams, Datum, SampleRequest, SamplingParams, TrainRequest
 
     data = wl.train_data(workload, cfg) if wl.is_training(workload) else wl.sample_data(workload, cfg, new_tokens)
-    backend = _backend(model_dir, cfg, device, workload, data.new_tokens if isinstance(data, wl.SampleData) else 1)
+    backend = _backend(model_dir, cfg, device, workload, data.new_tokens if isinstance(data, wl.SampleData) else 1,
+                       backend_overrides)
     names = [f"adapter-{i}" for i in range(wl.num_adapters(workload))]
     for i, name in enumerate(names):
         _add_adapter(backend, name, cfg, seed=i + 1)

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=None, help="sampling: tokens per sequence override")
+    parser.add_argument("--backend-config", default="{}", help="skyrl_tx side: extra BackendSettings (JSON)")
     args = parser.parse_args(argv)
 
     import torch
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats()
     baseline_rss = _rss_bytes()  # after imports: only what building and running the workload adds counts
-    prepared = side.build(args.workload, Path(args.model_dir), CONFIGS[args.config], args.device, args.new_tokens)
+    extra = {"backend_overrides": json.loads(args.backend_config)} if args.side == "skyrl_tx" else {}
+    prepared = side.build(args.workload, Path(args.model_dir), CONFIGS[args.config], args.device, args.new_tokens,
+                          **extra)
     runs = {"rep": prepared.run, "first_token": prepared.run_first_token}
     warm = []
     for _ in range(args.warmup):

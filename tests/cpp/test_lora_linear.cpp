@@ -50,6 +50,28 @@ TEST_F(LoraLinearTest, FreshSlotEqualsBaseBitForBit) {
   EXPECT_TENSOR_CLOSE(base, expected(x_, at::Tensor(), at::Tensor(), 0.0), 1e-5, 1e-5);
 }
 
+// The row-dense path (what CUDA-graph decode uses) computes what the per-segment path computes, for rows in
+// any order, slots of different ranks, a disabled slot and the base slot.
+TEST_F(LoraLinearTest, RowDenseEqualsSegments) {
+  c10::NoGradGuard no_grad;
+  LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+  lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));
+  lin.enable_slot(2, 2, 3.0, make_gen(2));
+  lin.enable_slot(3, 3, 1.5, make_gen(3));
+  lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+  lin.set_factors(2, randn({2, kIn}, gen_), randn({kOut, 2}, gen_));
+  lin.set_factors(3, randn({3, kIn}, gen_), randn({kOut, 3}, gen_));
+  lin.disable_slot(3);  // disabled after use: its columns must contribute nothing
+  const std::vector<int64_t> slot_of_row = {2, 0, 1, 1, 3, 2, 0, 1, 2};
+  at::Tensor slots = at::tensor(slot_of_row, at::kLong);
+  at::Tensor column_slot = at::arange(kSlots * kMaxRank, at::kLong).div(kMaxRank, "floor");
+  at::Tensor slot_columns = column_slot.unsqueeze(0).eq(slots.unsqueeze(1)).to(at::kFloat);  // [9, S * R]
+  at::Tensor dense = lin.forward(x_, AdapterSegments::row_dense(slot_columns));
+  at::Tensor segmented = lin.forward(x_, AdapterSegments::from_rows(slot_of_row, 1));
+  EXPECT_TENSOR_CLOSE(dense, segmented, 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(dense.select(0, 4), at::linear(x_.select(0, 4), weight_, bias_), 1e-5, 1e-5);  // slot 3 off
+}
+
 TEST_F(LoraLinearTest, ForwardAppliesEachSegmentsAdapter) {
   LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
   lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));
@@ -86,13 +108,13 @@ TEST_F(LoraLinearTest, SmallerRankUsesOnlyItsRank) {
   EXPECT_EQ(lin.lora_a(2).sizes(), at::IntArrayRef({2, kIn}));
   EXPECT_EQ(lin.lora_b(2).sizes(), at::IntArrayRef({kOut, 2}));
   // Rows/columns beyond the rank start at zero ...
-  EXPECT_EQ(lin.stacked_a().select(0, 2).narrow(0, 2, kMaxRank - 2).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.slot_storage_a(2).narrow(0, 2, kMaxRank - 2).abs().max().item<float>(), 0.0f);
   at::Tensor a = randn({2, kIn}, gen_), b = randn({kOut, 2}, gen_);
   lin.set_factors(2, a, b);
   {  // ... and garbage there must not be read.
     c10::NoGradGuard no_grad;
-    lin.stacked_a().select(0, 2).narrow(0, 2, kMaxRank - 2).fill_(100.0);
-    lin.stacked_b().select(0, 2).narrow(1, 2, kMaxRank - 2).fill_(100.0);
+    lin.slot_storage_a(2).narrow(0, 2, kMaxRank - 2).fill_(100.0);
+    lin.slot_storage_b(2).narrow(1, 2, kMaxRank - 2).fill_(100.0);
   }
   at::Tensor y = lin.forward(x_, AdapterSegments::uniform(2, x_.size(0)));
   EXPECT_TENSOR_CLOSE(y, expected(x_, a, b, 1.5), 1e-5, 1e-5);
@@ -113,8 +135,8 @@ TEST_F(LoraLinearTest, DisableSlotZeroesFactorsAndGrads) {
 
   lin.disable_slot(1);
   EXPECT_FALSE(lin.slot_enabled(1));
-  EXPECT_EQ(lin.stacked_a().select(0, 1).abs().max().item<float>(), 0.0f);
-  EXPECT_EQ(lin.stacked_b().select(0, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.slot_storage_a(1).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(lin.slot_storage_b(1).abs().max().item<float>(), 0.0f);
   EXPECT_FALSE(lin.lora_a_grad(1).defined());  // released with the slot
   EXPECT_FALSE(lin.lora_b_grad(1).defined());
   // The neighbour slot is untouched.
