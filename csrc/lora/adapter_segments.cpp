@@ -2,6 +2,7 @@
 #include "lora/adapter_segments.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common/errors.h"
 
@@ -56,6 +57,25 @@ AdapterSegments AdapterSegments::slice(int64_t begin, int64_t length) const {
     if (lo < hi) out.push_back({s.slot, lo - begin, hi - lo});
   }
   return AdapterSegments(std::move(out));
+}
+
+const at::Tensor& AdapterSegments::slot_columns_on(at::Device device, int64_t num_slots, int64_t max_rank) const {
+  if (row_dense()) return slot_columns_;
+  at::Tensor& cache = slot_columns_cache_;
+  if (!cache.defined() || cache.device() != device || cache.size(1) != num_slots * max_rank) {
+    std::vector<int64_t> slots(num_tokens(), 0);
+    for (const Segment& s : segments_) std::fill_n(slots.begin() + s.begin, s.length, s.slot);
+    at::Tensor row_slot = at::tensor(slots, at::kLong).to(device);  // [N]
+    at::Tensor column_slot = at::arange(num_slots * max_rank, row_slot.options()).div(max_rank, "floor");
+    cache = column_slot.unsqueeze(0).eq(row_slot.unsqueeze(1)).to(at::kFloat);  // [N, S * R]
+  }
+  return cache;
+}
+
+int64_t AdapterSegments::num_distinct_slots() const {
+  std::set<int64_t> slots;
+  for (const Segment& s : segments_) slots.insert(s.slot);
+  return static_cast<int64_t>(slots.size());
 }
 
 int64_t AdapterSegments::num_tokens() const {

@@ -10,10 +10,22 @@
 
 namespace skyrl_tx::lora {
 
+/// When a segmented batch takes the row-dense LoRA path (all slots in one matmul per direction, rows masked)
+/// instead of per-segment matmuls: it trades (slots x max_rank) LoRA columns of FLOPs for far fewer kernels.
+enum class RowDenseBatches {
+  kOnGpu,   // CUDA tensors with >= kRowDenseMinSlots adapters in the batch (default: launches dominate there)
+  kAlways,  // any device, any LoRA batch (tests compare both paths on a CPU)
+  kNever,
+};
+
 /// y = x W^T (+ b) + scaling[slot] * B[slot] (A[slot] x)   (Hu et al. 2021, "LoRA", eq. 3)
 /// NOTE: slot 0 is reserved for "no adapter": its rank stays 0 and its factors stay zero.
 class LoraLinear {
  public:
+  static constexpr int64_t kRowDenseMinSlots = 3;
+  /// Process-wide policy (default kOnGpu).
+  static void set_row_dense_batches(RowDenseBatches policy);
+
   /// weight: [out, in] in the compute dtype; bias: [out] or undefined. Factors are float32 masters.
   LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, int64_t max_rank);
 
@@ -54,6 +66,8 @@ class LoraLinear {
   at::Tensor slot_storage_b(int64_t slot) const { return b_.select(1, slot); }
   const at::Tensor& stacked_a() const { return a_; }
   const at::Tensor& stacked_b() const { return b_; }
+  /// [S * max_rank] float32: slot s's scaling on its first rank_s columns, 0 elsewhere.
+  const at::Tensor& column_scaling() const { return column_scaling_; }
   int64_t in_features() const { return weight_.size(1); }
   int64_t out_features() const { return weight_.size(0); }
 
@@ -73,6 +87,7 @@ class LoraLinear {
   /// x [N, in], slot_columns [N, S * max_rank] (1 on the row's slot's columns) → [N, out].
   at::Tensor forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const;
   void set_slot_scaling(int64_t slot, int64_t rank, double scaling);
+  static bool use_row_dense(const at::Tensor& x, int64_t lora_slots);
 };
 
 }  // namespace skyrl_tx::lora

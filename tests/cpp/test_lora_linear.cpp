@@ -72,6 +72,49 @@ TEST_F(LoraLinearTest, RowDenseEqualsSegments) {
   EXPECT_TENSOR_CLOSE(dense.select(0, 4), at::linear(x_.select(0, 4), weight_, bias_), 1e-5, 1e-5);  // slot 3 off
 }
 
+// Training through the row-dense batch path (many adapters, one matmul per direction) gives the per-segment
+// path's output, input gradient and per-slot factor gradients.
+TEST_F(LoraLinearTest, RowDenseBatchTrainingEqualsSegments) {
+  const std::vector<int64_t> slot_of_row = {1, 1, 2, 0, 3, 3, 3, 2, 1};
+  struct Result {
+    at::Tensor y, grad_x;
+    std::vector<at::Tensor> grad_a, grad_b;
+  };
+  auto run = [&](RowDenseBatches policy) {
+    LoraLinear::set_row_dense_batches(policy);
+    LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+    at::Generator gen = make_gen(5);
+    {
+      c10::NoGradGuard no_grad;
+      const int64_t ranks[] = {0, kMaxRank, 2, 3};
+      const double scalings[] = {0, 0.5, 3.0, 4.0 / 3.0};
+      for (int64_t slot = 1; slot < kSlots; ++slot) {
+        lin.enable_slot(slot, ranks[slot], scalings[slot], gen);
+        lin.set_factors(slot, randn({ranks[slot], kIn}, gen), randn({kOut, ranks[slot]}, gen));
+      }
+    }
+    at::Tensor x = x_.clone().requires_grad_(true);
+    Result r;
+    r.y = lin.forward(x, AdapterSegments::from_rows(slot_of_row, 1));
+    (r.y * at::linspace(-1, 1, r.y.numel()).view_as(r.y)).sum().backward();
+    r.grad_x = x.grad();
+    for (int64_t slot = 1; slot < kSlots; ++slot) {
+      r.grad_a.push_back(lin.lora_a_grad(slot).clone());
+      r.grad_b.push_back(lin.lora_b_grad(slot).clone());
+    }
+    return r;
+  };
+  const Result dense = run(RowDenseBatches::kAlways), segmented = run(RowDenseBatches::kNever);
+  LoraLinear::set_row_dense_batches(RowDenseBatches::kOnGpu);
+  EXPECT_TENSOR_CLOSE(dense.y, segmented.y, 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(dense.grad_x, segmented.grad_x, 1e-5, 1e-5);
+  for (size_t i = 0; i < dense.grad_a.size(); ++i) {
+    EXPECT_TENSOR_CLOSE(dense.grad_a[i], segmented.grad_a[i], 1e-5, 1e-5);
+    EXPECT_TENSOR_CLOSE(dense.grad_b[i], segmented.grad_b[i], 1e-5, 1e-5);
+    EXPECT_GT(dense.grad_b[i].abs().max().item<float>(), 0.0f);
+  }
+}
+
 TEST_F(LoraLinearTest, ForwardAppliesEachSegmentsAdapter) {
   LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
   lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));
