@@ -8,6 +8,9 @@ construction, and read only the columns the caller needs (never the stored reque
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any, Protocol
+
 from sqlalchemy import bindparam, insert, select, update
 
 from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, SamplingSessionRecord
@@ -15,6 +18,21 @@ from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, Sampling
 FUTURES = FutureRecord.__table__
 MODELS = ModelRecord.__table__
 SAMPLERS = SamplingSessionRecord.__table__
+
+
+
+class FutureRow(Protocol):
+    """What the engine reads of a request: a Core row of PENDING, or a FutureRecord (same attribute names)."""
+
+    id: str
+    session_id: str | None
+    model_id: str | None
+    request_type: str
+    seq_id: int | None
+    request: dict[str, Any]
+    attempts: int
+    created_at: datetime
+
 
 # The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names).
 PENDING = select(FUTURES).where(FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db import future_queries
+from skyrl_tx.db.future_queries import FutureRow
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor, replay, snapshots
@@ -44,7 +45,7 @@ class EngineLoop:
         self.sessions = session_factory
         self.notify = notify
         self.session_timeout_s = session_timeout_s
-        self._sampling: dict[int, FutureRecord] = {}  # backend sample id → its (detached) future
+        self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
         self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
         self.had_pending = True  # whether the last scan left requests it could not run yet
 
@@ -98,12 +99,12 @@ class EngineLoop:
     def step(self, scan_pending: bool = True) -> bool:
         """Runs what is runnable now; returns whether anything happened. scan_pending=False only advances
         the running samples (the caller knows no new request arrived; see run_engine)."""
-        pending: list[FutureRecord] = []
+        pending: list[FutureRow] = []
         if scan_pending:
-            with self.sessions() as db:  # read-only rows (FutureRecord's attributes), no ORM identity map
+            with self.sessions() as db:  # read-only Core rows, no ORM identity map
                 pending = list(db.execute(future_queries.PENDING))
         ran = 0
-        by_model: dict[str, list[FutureRecord]] = defaultdict(list)
+        by_model: dict[str, list[FutureRow]] = defaultdict(list)
         for f in pending:
             if f.request_type == "create_model":
                 self._run_single(f, self._create_model)
@@ -128,7 +129,7 @@ class EngineLoop:
             self.had_pending = ran < len(pending)
         return self._advance_sampling() or ran > 0
 
-    def _in_order(self, model_id: str, queue: list[FutureRecord]) -> list[FutureRecord]:
+    def _in_order(self, model_id: str, queue: list[FutureRow]) -> list[FutureRow]:
         """The prefix of a model's sorted queue that may run now: no seq_id before it is still missing."""
         last = self._last_seq.get(model_id)
         if last is None:
@@ -148,10 +149,10 @@ class EngineLoop:
         return runnable
 
     # ---- training ------------------------------------------------------------------------------
-    def _run_training(self, by_model: dict[str, list[FutureRecord]]) -> int:
+    def _run_training(self, by_model: dict[str, list[FutureRow]]) -> int:
         """The leading forward/forward_backward requests of every model run as one batched pass each; returns
         how many requests ran."""
-        batch: dict[str, list[FutureRecord]] = {"forward_backward": [], "forward": []}
+        batch: dict[str, list[FutureRow]] = {"forward_backward": [], "forward": []}
         for queue in by_model.values():
             while queue and queue[0].request_type in TRAIN_TYPES:
                 f = queue.pop(0)
@@ -172,7 +173,7 @@ class EngineLoop:
             self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
         return sum(len(futures) for futures in batch.values())
 
-    def _barrier(self, f: FutureRecord) -> dict[str, Any]:
+    def _barrier(self, f: FutureRow) -> dict[str, Any]:
         request = f.request
         if f.request_type == "optim_step":
             return {"metrics": self.backend.optim_step(request["model_id"], executor.adam_params(request))}
@@ -189,7 +190,7 @@ class EngineLoop:
             return {"model_id": request["model_id"]}
         raise UnimplementedError(f"{f.request_type}: not supported by this server yet")
 
-    def _save_for_sampler(self, f: FutureRecord) -> dict[str, Any]:
+    def _save_for_sampler(self, f: FutureRow) -> dict[str, Any]:
         request = f.request
         snapshot_id = request.get("sampling_session_id") or request["path"]
         if not request.get("sampling_session_id"):  # named: on disk (PEFT / HF format) and in memory
@@ -209,7 +210,7 @@ class EngineLoop:
             snapshots.release_old_snapshots(self.backend, db, model.id)
         return {"sampling_session_id": snapshot_id}
 
-    def _create_model(self, f: FutureRecord) -> dict[str, Any]:
+    def _create_model(self, f: FutureRow) -> dict[str, Any]:
         model_id = f.request["model_id"]
         try:
             result = self.create_in_backend(f.request)
@@ -245,7 +246,7 @@ class EngineLoop:
             raise
 
     # ---- sampling ------------------------------------------------------------------------------
-    def _submit_sample(self, f: FutureRecord) -> None:
+    def _submit_sample(self, f: FutureRow) -> None:
         self._mark_running([f])
         try:
             weights_id = f.request.get("weights_id", "")
@@ -269,7 +270,7 @@ class EngineLoop:
         return True
 
     # ---- bookkeeping ---------------------------------------------------------------------------
-    def _run_single(self, f: FutureRecord, fn: Callable[[FutureRecord], dict[str, Any]],
+    def _run_single(self, f: FutureRow, fn: Callable[[FutureRow], dict[str, Any]],
                     already_running: bool = False) -> None:
         if not already_running:
             self._mark_running([f])
@@ -284,15 +285,15 @@ class EngineLoop:
 
     # Bookkeeping writes are prebuilt Core UPDATEs (db/future_queries.py): besides the compute itself they
     # are the engine's per-request cost (see `python -m skyrl_tx.bench api`).
-    def _mark_running(self, futures: list[FutureRecord]) -> None:
+    def _mark_running(self, futures: list[FutureRow]) -> None:
         with self.sessions.begin() as db:
             db.connection().execute(future_queries.MARK_RUNNING,
                                     {"ids": [f.id for f in futures], "now": datetime.now(timezone.utc)})
 
-    def _finish(self, f: FutureRecord, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
+    def _finish(self, f: FutureRow, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         self._finish_many([(f, result, error)])
 
-    def _finish_many(self, done: list[tuple[FutureRecord, Any, dict[str, Any] | None]]) -> None:
+    def _finish_many(self, done: list[tuple[FutureRow, Any, dict[str, Any] | None]]) -> None:
         """Stores results (or errors) in one transaction, then tells the waiting pollers."""
         now = datetime.now(timezone.utc)
         rows = []
