@@ -127,6 +127,7 @@ at::Tensor StaticDecoder::step(const std::vector<int64_t>& tokens, const std::ve
   shape.inputs.copy_(host, /*non_blocking=*/true);
 #ifdef SKYRL_TX_WITH_CUDA
   if (cuda_graphs_) {
+    const c10::cuda::CUDAGuard device_guard(model_.options().device);  // streams and pool of the model's GPU
     if (!shape.graph) {
       // Warm-up on a side stream (lazy cuBLAS/attention initialisation must not be captured); it also computes
       // this step, so the capture is followed by a replay of the same, idempotent work.
