@@ -2,7 +2,6 @@
 #include "lora/adapter_segments.h"
 
 #include <algorithm>
-#include <set>
 
 #include "common/errors.h"
 
@@ -65,17 +64,14 @@ const at::Tensor& AdapterSegments::slot_columns_on(at::Device device, int64_t nu
   if (!cache.defined() || cache.device() != device || cache.size(1) != num_slots * max_rank) {
     std::vector<int64_t> slots(num_tokens(), 0);
     for (const Segment& s : segments_) std::fill_n(slots.begin() + s.begin, s.length, s.slot);
-    at::Tensor row_slot = at::tensor(slots, at::kLong).to(device);  // [N]
-    at::Tensor column_slot = at::arange(num_slots * max_rank, row_slot.options()).div(max_rank, "floor");
-    cache = column_slot.unsqueeze(0).eq(row_slot.unsqueeze(1)).to(at::kFloat);  // [N, S * R]
+    cache = lora::slot_columns(at::tensor(slots, at::kLong).to(device), num_slots, max_rank);  // [N, S * R]
   }
   return cache;
 }
 
-int64_t AdapterSegments::num_distinct_slots() const {
-  std::set<int64_t> slots;
-  for (const Segment& s : segments_) slots.insert(s.slot);
-  return static_cast<int64_t>(slots.size());
+at::Tensor slot_columns(const at::Tensor& row_slot, int64_t num_slots, int64_t max_rank) {
+  at::Tensor column_slot = at::arange(num_slots * max_rank, row_slot.options()).div(max_rank, "floor");  // [S * R]
+  return column_slot.unsqueeze(0).eq(row_slot.unsqueeze(1)).to(at::kFloat);
 }
 
 int64_t AdapterSegments::num_tokens() const {

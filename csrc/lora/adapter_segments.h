@@ -42,13 +42,15 @@ class AdapterSegments {
   /// Segmented only: the row-dense form of these segments, float [N, num_slots * max_rank] on `device`, 1 on
   /// the columns of each row's slot. Built once and shared by every layer (autograd saves it once).
   const at::Tensor& slot_columns_on(at::Device device, int64_t num_slots, int64_t max_rank) const;
-  /// Segmented only: how many distinct slots the segments use.
-  int64_t num_distinct_slots() const;
 
  private:
   std::vector<Segment> segments_;  // empty when row-dense
   at::Tensor slot_columns_;        // row-dense only
   mutable at::Tensor slot_columns_cache_;  // slot_columns_on()
 };
+
+/// row_slot: int64 [N], each row's slot → float [N, num_slots * max_rank], 1 on the columns of the row's slot
+/// (column c belongs to slot c / max_rank). The row-dense LoRA mask; device ops only (CUDA-graph capturable).
+at::Tensor slot_columns(const at::Tensor& row_slot, int64_t num_slots, int64_t max_rank);
 
 }  // namespace skyrl_tx::lora

@@ -218,13 +218,22 @@ void Generator::decode() {
     active_slots.push_back(seq.slot);
     attend_len = std::max(attend_len, seq.cached + 1);
   }
+  at::Tensor logits;  // [active rows, vocab]
   if (static_decoder_) {
-    at::Tensor logits = static_decoder_->step(tokens, positions, slots, attend_len);  // [B, vocab] float
-    for (int64_t row : active) rows_[row]->cached += 1;
-    choose(active, static_cast<int64_t>(active.size()) == batch ? logits
-                                                                 : logits.index_select(0, device_tensor(active, device)));
-    return;
+    at::Tensor all = static_decoder_->step(tokens, positions, slots, attend_len);  // [B, vocab] float
+    logits = static_cast<int64_t>(active.size()) == batch ? all : all.index_select(0, device_tensor(active, device));
+  } else {
+    logits = eager_decode_logits(tokens, positions, slots, active, active_slots, attend_len);
   }
+  for (int64_t row : active) rows_[row]->cached += 1;
+  choose(active, logits.to(at::kFloat));
+}
+
+at::Tensor Generator::eager_decode_logits(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                                          const std::vector<int64_t>& slots, const std::vector<int64_t>& active,
+                                          const std::vector<int64_t>& active_slots, int64_t attend_len) const {
+  const at::Device device = model_.options().device;
+  const int64_t batch = static_cast<int64_t>(tokens.size());
   at::Tensor pos = device_tensor(positions, device);  // [B]
   models::KvCacheView view;
   view.keys = &cache_.keys();
@@ -238,9 +247,7 @@ void Generator::decode() {
   at::Tensor hidden = model_.hidden_states(device_tensor(tokens, device).view({batch, 1}), pos.view({batch, 1}),
                                            models::AttentionMask{}, lora::AdapterSegments::from_rows(slots, 1), &view);
   at::Tensor active_hidden = hidden.index_select(0, device_tensor(active, device));  // [n, hidden]
-  at::Tensor logits = model_.lm_head().forward(active_hidden, lora::AdapterSegments::from_rows(active_slots, 1));
-  for (int64_t row : active) rows_[row]->cached += 1;
-  choose(active, logits.to(at::kFloat));
+  return model_.lm_head().forward(active_hidden, lora::AdapterSegments::from_rows(active_slots, 1));
 }
 
 void Generator::choose(const std::vector<int64_t>& rows, const at::Tensor& logits) {

@@ -67,6 +67,10 @@ class Generator {
   void prefill(const std::vector<int64_t>& request_ids);
   void prompt_logprobs(Request& req, const at::Tensor& hidden);
   void decode();
+  /// One eager decode step of cache rows [0, tokens.size()) → logits [active rows, vocab].
+  at::Tensor eager_decode_logits(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                                 const std::vector<int64_t>& slots, const std::vector<int64_t>& active,
+                                 const std::vector<int64_t>& active_slots, int64_t attend_len) const;
   /// Samples one token for each listed row from logits [rows, V] and applies stop rules.
   void choose(const std::vector<int64_t>& rows, const at::Tensor& logits);
   void finish(int64_t row, const char* reason);

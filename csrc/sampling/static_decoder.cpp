@@ -49,16 +49,14 @@ struct StaticDecoder::Shape {
 StaticDecoder::StaticDecoder(const models::CausalLM& model, const KvCache& cache, int64_t max_rows,
                              int64_t max_length, bool cuda_graphs)
     : model_(model), cache_(cache), max_rows_(max_rows), max_length_(max_length), cuda_graphs_(cuda_graphs) {
-  const auto& options = model.options();
 #ifdef SKYRL_TX_WITH_CUDA
-  SKYRL_TX_CHECK(!cuda_graphs || options.device.is_cuda(), InvalidArgument,
-                 "cuda_graphs: decode graphs need a CUDA device (got ", options.device.str(), ")");
+  const at::Device device = model.options().device;
+  SKYRL_TX_CHECK(!cuda_graphs || device.is_cuda(), InvalidArgument,
+                 "cuda_graphs: decode graphs need a CUDA device (got ", device.str(), ")");
   if (cuda_graphs) pool_ = std::make_unique<GraphPool>();
 #else
   SKYRL_TX_CHECK(!cuda_graphs, InvalidArgument, "cuda_graphs: this build of skyrl_tx has no CUDA path");
 #endif
-  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(options.device);
-  column_slot_ = at::arange(options.num_slots * options.max_rank, longs).div(options.max_rank, "floor");
 }
 
 StaticDecoder::~StaticDecoder() = default;
@@ -95,9 +93,9 @@ void StaticDecoder::forward(Shape& shape) const {
   // Row b sees keys j <= position_b (its context and the token written now); padding keys are masked.
   view.attend_mask = (at::arange(shape.keys, positions.options()).unsqueeze(0) <= positions.unsqueeze(1))
                          .view({rows, 1, 1, shape.keys});
-  // slot_columns: [rows, num_slots * max_rank], 1 on the columns of the row's adapter slot
-  const lora::AdapterSegments segments =
-      lora::AdapterSegments::row_dense(column_slot_.unsqueeze(0).eq(slots.unsqueeze(1)).to(at::kFloat));
+  const auto& options = model_.options();
+  const lora::AdapterSegments segments =  // [rows, num_slots * max_rank] mask, from the device-side slots
+      lora::AdapterSegments::row_dense(lora::slot_columns(slots, options.num_slots, options.max_rank));
   at::Tensor hidden = model_.hidden_states(tokens.view({rows, 1}), positions.view({rows, 1}), models::AttentionMask{},
                                            segments, &view);  // [rows, hidden]
   shape.logits.copy_(model_.lm_head().forward(hidden, segments));

@@ -37,9 +37,6 @@ class StaticDecoder {
   at::Tensor step(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
                   const std::vector<int64_t>& slots, int64_t attend_len);
 
-  /// Bucketed (rows, keys) shapes built so far (each one CUDA graph when capturing).
-  size_t num_shapes() const { return shapes_.size(); }
-
  private:
   struct Shape;
   Shape& shape_for(int64_t rows, int64_t keys);
@@ -50,7 +47,6 @@ class StaticDecoder {
   const KvCache& cache_;
   int64_t max_rows_, max_length_;
   bool cuda_graphs_;
-  at::Tensor column_slot_;  // [num_slots * max_rank] int64: the slot each LoRA column belongs to
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
   std::map<int64_t, at::Tensor> logits_by_rows_;  // [rows, vocab] float, shared by every key bucket
   struct GraphPool;

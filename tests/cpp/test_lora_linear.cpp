@@ -63,10 +63,8 @@ TEST_F(LoraLinearTest, RowDenseEqualsSegments) {
   lin.set_factors(3, randn({3, kIn}, gen_), randn({kOut, 3}, gen_));
   lin.disable_slot(3);  // disabled after use: its columns must contribute nothing
   const std::vector<int64_t> slot_of_row = {2, 0, 1, 1, 3, 2, 0, 1, 2};
-  at::Tensor slots = at::tensor(slot_of_row, at::kLong);
-  at::Tensor column_slot = at::arange(kSlots * kMaxRank, at::kLong).div(kMaxRank, "floor");
-  at::Tensor slot_columns = column_slot.unsqueeze(0).eq(slots.unsqueeze(1)).to(at::kFloat);  // [9, S * R]
-  at::Tensor dense = lin.forward(x_, AdapterSegments::row_dense(slot_columns));
+  at::Tensor columns = slot_columns(at::tensor(slot_of_row, at::kLong), kSlots, kMaxRank);  // [9, S * R]
+  at::Tensor dense = lin.forward(x_, AdapterSegments::row_dense(columns));
   at::Tensor segmented = lin.forward(x_, AdapterSegments::from_rows(slot_of_row, 1));
   EXPECT_TENSOR_CLOSE(dense, segmented, 1e-5, 1e-5);
   EXPECT_TENSOR_CLOSE(dense.select(0, 4), at::linear(x_.select(0, 4), weight_, bias_), 1e-5, 1e-5);  // slot 3 off
