@@ -3,7 +3,10 @@
 Method: the server (`python -m skyrl_tx.api`) runs in a subprocess on 127.0.0.1. The SDK times round trips of
 small forward_backward, optim_step and sample calls (submit to `.result()`). The compute of each call is timed
 on a NativeBackend in this process (same base model, same settings, same data, same thread count), and the
-overhead of round trip i is rtt_i - median(compute); p50 and p99 are over i. The server's own futures table
+overhead of round trip i is rtt_i - median(compute); p50 and p99 are over i. The time the server adds (the
+target) leaves out the SDK's own work: the part of each round trip spent outside its HTTP exchanges (building
+requests, futures and results in Python; httpx's send is timed from the request to the read response body), so
+server-added_i = rtt_i - sdk_outside_http_i - median(compute). The server's own futures table
 splits each round trip into queue (stored -> claimed by the engine), engine (claimed -> done, compute included)
 and the rest (HTTP, parsing and storing the request, long-poll wake-up, SDK). CPU time per call of the API
 server, the engine and the client (SDK) processes is reported too (Linux /proc): on a shared or small machine it
@@ -96,6 +99,38 @@ def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+class HttpExchangeTimer:
+    """Seconds this process spends inside HTTP exchanges (httpx.AsyncClient.send, which returns once the response
+    body is read), so a round trip splits into the SDK's own time and the time on the wire and in the server.
+    The SDK's background calls (session heartbeats, telemetry) are left out."""
+
+    BACKGROUND = ("heartbeat", "telemetry")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[HttpExchangeTimer]:
+        import httpx
+
+        original = httpx.AsyncClient.send
+        timer = self
+
+        async def send(client: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+            start = time.perf_counter()
+            try:
+                return await original(client, request, **kwargs)
+            finally:  # runs before the SDK sees the response, so before the timed call returns
+                if not any(part in request.url.path for part in timer.BACKGROUND):
+                    timer.seconds += time.perf_counter() - start
+
+        httpx.AsyncClient.send = send  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            httpx.AsyncClient.send = original  # type: ignore[method-assign]
+
+
 def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -112,9 +147,14 @@ def _engine_pid(url: str) -> int | None:
         return json.loads(response.read()).get("engine_pid")
 
 
-def sdk_round_trips(live: LiveServer, base_model: str, warmup: int,
-                    reps: int) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
-    """Round-trip seconds per call, and CPU milliseconds per call of each process (where /proc exists)."""
+class RoundTrips(NamedTuple):
+    seconds: dict[str, list[float]]  # per call type: each round trip (submit to result)
+    sdk_outside_http: dict[str, list[float]]  # per call type: the SDK's own part of each round trip
+    cpu_ms: dict[str, dict[str, float]]  # per call type: CPU milliseconds per call of each process
+
+
+def sdk_round_trips(live: LiveServer, base_model: str, warmup: int, reps: int) -> RoundTrips:
+    """Round trips through the SDK, the SDK's own part of each, and CPU per call of each process (/proc)."""
     os.environ.update(TINKER_BASE_URL=live.url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
     import tinker
     from tinker import types
@@ -136,15 +176,26 @@ def sdk_round_trips(live: LiveServer, base_model: str, warmup: int,
         calls = {"forward_backward": lambda: trainer.forward_backward([datum], "cross_entropy").result(),
                  "optim_step": lambda: trainer.optim_step(adam).result(),
                  "sample": lambda: sampler.sample(prompt, 1, params).result()}
-        rtt, cpu = {}, {}
-        for name, call in calls.items():
-            _timed(call, warmup, 0)
-            before = cpu_now()
-            rtt[name] = _timed(call, 0, reps)
-            after = cpu_now()
-            cpu[name] = {proc: (after[proc] - before[proc]) / reps * 1e3 for proc in after
-                         if after[proc] is not None and before[proc] is not None}
-        return rtt, cpu
+        rtt: dict[str, list[float]] = {}
+        outside: dict[str, list[float]] = {}
+        cpu: dict[str, dict[str, float]] = {}
+        timer = HttpExchangeTimer()
+        with timer.installed():
+            for name, call in calls.items():
+                _timed(call, warmup, 0)
+                before = cpu_now()
+                rtt[name], outside[name] = [], []
+                for _ in range(reps):
+                    timer.seconds = 0.0
+                    start = time.perf_counter()
+                    call()
+                    elapsed = time.perf_counter() - start
+                    rtt[name].append(elapsed)
+                    outside[name].append(max(elapsed - timer.seconds, 0.0))
+                after = cpu_now()
+                cpu[name] = {proc: (after[proc] - before[proc]) / reps * 1e3 for proc in after
+                             if after[proc] is not None and before[proc] is not None}
+        return RoundTrips(rtt, outside, cpu)
 
 
 def server_timings(data_dir: Path) -> dict[str, list[tuple[float, float, float]]]:
@@ -193,26 +244,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def summarize(rtt: dict[str, list[float]], compute: dict[str, list[float]],
-              timings: dict[str, list[tuple[float, float, float]]],
-              cpu: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
-    """Overhead percentiles per call; where the server's futures line up with the timed calls, also where the
+def summarize(trips: RoundTrips, compute: dict[str, list[float]],
+              timings: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, float]]:
+    """Overhead percentiles per call: of the whole round trip, and the part the server adds (the round trip less
+    the SDK's own time and the compute). Where the server's futures line up with the timed calls, also where the
     time went: queue (stored → claimed by the engine), engine (claimed → done, compute included) and outside
     the engine (HTTP, request parsing and storing, long-poll wake-up, SDK)."""
     out = {}
-    for call, trips in rtt.items():
+    for call, rtt in trips.seconds.items():
         base = statistics.median(compute[call])
-        overhead = [t - base for t in trips]
-        entry = {"round_trip_p50_ms": percentile(trips, 0.5) * 1e3, "round_trip_p99_ms": percentile(trips, 0.99) * 1e3,
+        overhead = [t - base for t in rtt]
+        sdk = trips.sdk_outside_http[call]
+        server_added = [t - s - base for t, s in zip(rtt, sdk)]
+        entry = {"round_trip_p50_ms": percentile(rtt, 0.5) * 1e3, "round_trip_p99_ms": percentile(rtt, 0.99) * 1e3,
                  "compute_p50_ms": base * 1e3, "overhead_p50_ms": percentile(overhead, 0.5) * 1e3,
-                 "overhead_p99_ms": percentile(overhead, 0.99) * 1e3, "calls": len(trips)}
-        futures = timings.get(call, [])[-len(trips):]
-        if len(futures) == len(trips):
+                 "overhead_p99_ms": percentile(overhead, 0.99) * 1e3,
+                 "sdk_outside_http_p50_ms": percentile(sdk, 0.5) * 1e3,
+                 "server_added_p50_ms": percentile(server_added, 0.5) * 1e3,
+                 "server_added_p99_ms": percentile(server_added, 0.99) * 1e3, "calls": len(rtt)}
+        futures = timings.get(call, [])[-len(rtt):]
+        if len(futures) == len(rtt):
             entry["queue_p50_ms"] = percentile([s - c for c, s, _ in futures], 0.5) * 1e3
             entry["engine_p50_ms"] = percentile([d - s for _, s, d in futures], 0.5) * 1e3
-            outside = [t - (d - c) for t, (c, _, d) in zip(trips, futures)]
+            outside = [t - (d - c) for t, (c, _, d) in zip(rtt, futures)]
             entry["outside_engine_p50_ms"] = percentile(outside, 0.5) * 1e3
-        for proc, ms in (cpu or {}).get(call, {}).items():
+        for proc, ms in trips.cpu_ms.get(call, {}).items():
             entry[f"{proc}_cpu_ms_per_call"] = ms
         out[call] = entry
     return out
@@ -232,16 +288,19 @@ def run_api(argv: list[str]) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     with server(args.base_model, args.threads) as live:
-        rtt, cpu = sdk_round_trips(live, args.base_model, args.warmup, args.reps)
+        trips = sdk_round_trips(live, args.base_model, args.warmup, args.reps)
         timings = server_timings(live.data_dir)
     compute = direct_compute(args.base_model, args.warmup, args.reps)
-    calls = summarize(rtt, compute, timings, cpu)
-    p50 = max(c["overhead_p50_ms"] for c in calls.values())
+    calls = summarize(trips, compute, timings)
+    p50 = max(c["server_added_p50_ms"] for c in calls.values())
+    round_trip_p50 = max(c["overhead_p50_ms"] for c in calls.values())
     report = {"benchmark": "api", "base_model": args.base_model, "threads": args.threads, "reps": args.reps,
               "method": __doc__.split("Method: ", 1)[1].strip().replace("\n", " "), "calls": calls,
-              "targets": {"overhead_p50_ms": {"target": TARGET_P50_MS, "value": p50, "met": p50 <= TARGET_P50_MS}}}
+              "targets": {"server_added_p50_ms": {"target": TARGET_P50_MS, "value": p50, "met": p50 <= TARGET_P50_MS}}}
     columns = [("round_trip_p50_ms", "round trip p50"), ("round_trip_p99_ms", "p99"), ("compute_p50_ms", "compute p50"),
-               ("overhead_p50_ms", "overhead p50"), ("overhead_p99_ms", "overhead p99"), ("queue_p50_ms", "queue p50"),
+               ("overhead_p50_ms", "overhead p50"), ("overhead_p99_ms", "overhead p99"),
+               ("sdk_outside_http_p50_ms", "SDK's own p50"), ("server_added_p50_ms", "server-added p50"),
+               ("server_added_p99_ms", "server-added p99"), ("queue_p50_ms", "queue p50"),
                ("engine_p50_ms", "engine p50"), ("outside_engine_p50_ms", "outside engine p50"),
                ("api_server_cpu_ms_per_call", "API CPU/call"), ("engine_cpu_ms_per_call", "engine CPU/call"),
                ("client_cpu_ms_per_call", "SDK CPU/call")]
@@ -255,7 +314,8 @@ def run_api(argv: list[str]) -> dict[str, Any]:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     verdict = "met" if p50 <= TARGET_P50_MS else "MISSED"
-    print(f"\nworst overhead p50 {p50:.2f} ms (target <= {TARGET_P50_MS:g} ms): {verdict}")
+    print(f"\nworst server-added p50 {p50:.2f} ms (target <= {TARGET_P50_MS:g} ms): {verdict}; worst round-trip "
+          f"overhead p50 (SDK included) {round_trip_p50:.2f} ms")
     print("method: " + report["method"])
     if args.json:
         write_json(report, args.json)
