@@ -93,7 +93,7 @@ def engine(args: argparse.Namespace) -> int:
                                                 settings.checkpoints_base or default_checkpoints_base())
     stop, wake = threading.Event(), threading.Event()
     try:
-        engine_settings.run(stop, wake, notify=lambda ids: None, on_ready=lambda: log.info("engine ready"))
+        engine_settings.run(stop, wake, notify=lambda outcomes: None, on_ready=lambda: log.info("engine ready"))
     except KeyboardInterrupt:
         stop.set()
     return 0

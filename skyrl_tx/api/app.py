@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from skyrl_tx.api.routes import checkpoints, futures, sampling, service, trainin
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
+from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.process import EngineProcess
@@ -51,7 +52,7 @@ class BodySizeLimit:
 
 
 def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
-                 on_finished: Callable[[Iterable[str]], None]) -> Any:
+                 on_finished: Notify) -> Any:
     """The engine host for settings.engine (the API itself never imports the extension)."""
     if settings.engine == "process":
         return EngineProcess([json.dumps(engine_settings.to_json()), "--stdio"], on_finished=on_finished)
@@ -87,6 +88,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app = FastAPI(title="skyrl_tx", lifespan=lifespan)
     app.state.settings = settings
     app.state.session_factory = session_factory
+    app.state.database = engine  # Core connections for the futures hot path (api/deps.py in_db)
     app.state.waiters = waiters
     app.state.store = store
     app.state.download_secret = secrets.token_bytes(32)  # signs checkpoint download URLs of this server run

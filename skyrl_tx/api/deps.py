@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from skyrl_tx.config import ServerSettings
@@ -23,12 +24,13 @@ def get_db(request: Request) -> Iterator[Session]:
         yield db
 
 
-async def in_db(request: Request, work: Callable[[Session], T]) -> T:
-    """Runs `work` with a fresh DB session in a worker thread. The hot routes (forward_backward, optim_step,
+async def in_db(request: Request, work: Callable[[Connection], T]) -> T:
+    """Runs `work` with a database connection in a worker thread. The hot routes (forward_backward, optim_step,
     asample) use it from an `async def`: one thread hop per call, where a sync route with the DbDep generator
-    dependency takes three (dependency enter, route, dependency exit)."""
+    dependency takes three (dependency enter, route, dependency exit). A Core connection, not an ORM Session:
+    the hot routes run prebuilt Core statements only (db/future_queries.py)."""
     def run() -> T:
-        with request.app.state.session_factory() as db:
+        with request.app.state.database.connect() as db:
             return work(db)
 
     return await asyncio.to_thread(run)

@@ -1,41 +1,54 @@
-"""FutureWaiters: wakes retrieve_future long-polls the moment the engine finishes their future."""
+"""FutureWaiters: wakes retrieve_future long-polls the moment the engine finishes their future, with its outcome."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
+
+from skyrl_tx.db.future_queries import FutureOutcome
+
+
+class Waiter:
+    """One long-poll's wake-up: `event` is set when the future finishes; `outcome` is what the engine stored."""
+
+    __slots__ = ("event", "outcome")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.outcome: FutureOutcome | None = None
 
 
 class FutureWaiters:
-    """Engine thread → event loop handoff; the hot path never waits on a polling interval."""
+    """Engine thread → event loop handoff; the hot path never waits on a polling interval, and a woken long-poll
+    answers from the outcome it was handed instead of reading the database again."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._events: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiting: dict[str, set[Waiter]] = defaultdict(set)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def register(self, future_id: str) -> asyncio.Event:
+    def register(self, future_id: str) -> Waiter:
         """Register before reading the future's state, so a result written in between is not missed."""
-        event = asyncio.Event()
-        self._events[future_id].add(event)
-        return event
+        waiter = Waiter()
+        self._waiting[future_id].add(waiter)
+        return waiter
 
-    def unregister(self, future_id: str, event: asyncio.Event) -> None:
-        waiting = self._events.get(future_id)
+    def unregister(self, future_id: str, waiter: Waiter) -> None:
+        waiting = self._waiting.get(future_id)
         if waiting is not None:
-            waiting.discard(event)
+            waiting.discard(waiter)
             if not waiting:
-                del self._events[future_id]
+                del self._waiting[future_id]
 
-    def notify_threadsafe(self, future_ids: Iterable[str]) -> None:
-        """Called from the engine thread."""
+    def notify_threadsafe(self, outcomes: list[FutureOutcome]) -> None:
+        """Called from the engine thread (or the engine process's reader thread)."""
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._set, list(future_ids))
+            self._loop.call_soon_threadsafe(self._deliver, outcomes)
 
-    def _set(self, future_ids: list[str]) -> None:
-        for future_id in future_ids:
-            for event in self._events.get(future_id, ()):
-                event.set()
+    def _deliver(self, outcomes: list[FutureOutcome]) -> None:
+        for outcome in outcomes:  # outcomes nobody waits for are dropped: the database has them
+            for waiter in self._waiting.get(outcome.id, ()):
+                waiter.outcome = outcome
+                waiter.event.set()

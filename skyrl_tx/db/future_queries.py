@@ -8,8 +8,9 @@ construction, and read only the columns the caller needs (never the stored reque
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, insert, select, update
 
@@ -34,6 +35,20 @@ class FutureRow(Protocol):
     created_at: datetime
 
 
+class FutureOutcome(NamedTuple):
+    """A finished future as retrieve_future renders it (OUTCOME's columns, plus its id). The engine hands it to
+    the API with its notification, so the long-poll it wakes need not read back what the engine just stored."""
+
+    id: str
+    status: str
+    request_type: str
+    result: Any
+    error: dict[str, Any] | None
+
+
+Notify = Callable[[list[FutureOutcome]], None]  # the engine's "these futures just finished"
+
+
 # The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names).
 PENDING = select(FUTURES).where(FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
 # Column defaults (status pending, attempts 0, created_at now) are applied by Core as well.
@@ -45,7 +60,8 @@ SAMPLER_WEIGHTS = select(SAMPLERS.c.snapshot_id, SAMPLERS.c.session_id).where(SA
 # What retrieve_future renders: the row's status, type, result and error (not the request).
 OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.error).where(
     FUTURES.c.id == bindparam("id_"))
-MARK_RUNNING = update(FUTURES).where(FUTURES.c.id.in_(bindparam("ids", expanding=True))).values(
+# executemany: one parameter dict per claimed future (an expanding IN list would be re-rendered on every call).
+MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=FutureStatus.RUNNING.value, started_at=bindparam("now"), attempts=FUTURES.c.attempts + 1)
 # executemany: one parameter dict per finished future.
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(

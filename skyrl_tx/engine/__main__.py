@@ -10,6 +10,7 @@ import logging
 import sys
 import threading
 
+from skyrl_tx.engine.process import done_line
 from skyrl_tx.engine.settings import EngineSettings
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             wake.set()
 
         threading.Thread(target=read_wakeups, name="skyrl-tx-engine-wakeups", daemon=True).start()
-    settings.run(stop, wake, notify=lambda ids: emit("done " + " ".join(ids)), on_ready=lambda: emit("ready"))
+    settings.run(stop, wake, notify=lambda outcomes: emit(done_line(outcomes)), on_ready=lambda: emit("ready"))
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,7 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db import future_queries
-from skyrl_tx.db.future_queries import FutureRow
+from skyrl_tx.db.future_queries import FutureOutcome, FutureRow, Notify
+from skyrl_tx.db.session import bound_engine
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor, replay, snapshots
@@ -36,13 +37,14 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 class EngineLoop:
-    """Single owner of the backend. `notify(ids)` is told which futures just finished."""
+    """Single owner of the backend. `notify(outcomes)` is told which futures just finished, and how."""
 
     def __init__(self, backend: Any, session_factory: sessionmaker[Session], checkpointer: Checkpointer,
-                 notify: Callable[[Iterable[str]], None] = lambda ids: None, session_timeout_s: float = 300.0):
+                 notify: Notify = lambda outcomes: None, session_timeout_s: float = 300.0):
         self.backend = backend
         self.checkpointer = checkpointer
         self.sessions = session_factory
+        self.database = bound_engine(session_factory)  # Core connections for the per-request statements
         self.notify = notify
         self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
@@ -101,7 +103,7 @@ class EngineLoop:
         the running samples (the caller knows no new request arrived; see run_engine)."""
         pending: list[FutureRow] = []
         if scan_pending:
-            with self.sessions() as db:  # read-only Core rows, no ORM identity map
+            with self.database.connect() as db:  # read-only Core rows, no ORM identity map
                 pending = list(db.execute(future_queries.PENDING))
         ran = 0
         by_model: dict[str, list[FutureRow]] = defaultdict(list)
@@ -283,25 +285,26 @@ class EngineLoop:
             return
         self._finish(f, result=result)
 
-    # Bookkeeping writes are prebuilt Core UPDATEs (db/future_queries.py): besides the compute itself they
-    # are the engine's per-request cost (see `python -m skyrl_tx.bench api`).
+    # Bookkeeping writes are prebuilt Core UPDATEs (db/future_queries.py) on plain connections: besides the
+    # compute itself they are the engine's per-request cost (see `python -m skyrl_tx.bench api`).
     def _mark_running(self, futures: list[FutureRow]) -> None:
-        with self.sessions.begin() as db:
-            db.connection().execute(future_queries.MARK_RUNNING,
-                                    {"ids": [f.id for f in futures], "now": datetime.now(timezone.utc)})
+        now = datetime.now(timezone.utc)
+        with self.database.begin() as db:
+            db.execute(future_queries.MARK_RUNNING, [{"id_": f.id, "now": now} for f in futures])
 
     def _finish(self, f: FutureRow, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         self._finish_many([(f, result, error)])
 
     def _finish_many(self, done: list[tuple[FutureRow, Any, dict[str, Any] | None]]) -> None:
-        """Stores results (or errors) in one transaction, then tells the waiting pollers."""
+        """Stores results (or errors) in one transaction, then tells the waiting pollers what was stored."""
         now = datetime.now(timezone.utc)
-        rows = []
+        outcomes = []
         for f, result, error in done:
             if f.model_id and f.seq_id is not None:
                 self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
-            rows.append({"id_": f.id, "status_": (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value,
-                         "result_": result, "error_": error, "now": now})
-        with self.sessions.begin() as db:
-            db.connection().execute(future_queries.FINISH, rows)
-        self.notify([f.id for f, _, _ in done])
+            status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
+            outcomes.append(FutureOutcome(f.id, status, f.request_type, result, error))
+        with self.database.begin() as db:
+            db.execute(future_queries.FINISH, [{"id_": o.id, "status_": o.status, "result_": o.result,
+                                                "error_": o.error, "now": now} for o in outcomes])
+        self.notify(outcomes)

@@ -2,30 +2,44 @@
 
 Protocol over the child's pipes (no polling on the hot path): the server writes a line to the engine's
 stdin to wake it after storing a request; the engine writes `ready` once it has recovered, and
-`done <future id> ...` whenever futures finish. The engine exits when its stdin closes (server gone).
+`done <JSON list of FutureOutcome>` whenever futures finish (what it just stored, so the woken long-polls
+answer without reading it back). The engine exits when its stdin closes (server gone).
 Pending requests live in the database, so a restarted engine simply picks them up (engine/replay.py
 rebuilds the models).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
+
+from skyrl_tx.db.future_queries import FutureOutcome, Notify
 
 log = logging.getLogger("skyrl_tx.engine")
 
 RESTART_DELAYS_S = (0.2, 1.0, 5.0)  # back-off between restarts after crashes in quick succession
 STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
+DONE = "done "
+
+
+def done_line(outcomes: list[FutureOutcome]) -> str:
+    """The engine's report of finished futures (one line: json.dumps escapes newlines)."""
+    return DONE + json.dumps([list(o) for o in outcomes])
+
+
+def parse_done_line(line: str) -> list[FutureOutcome]:
+    return [FutureOutcome(*fields) for fields in json.loads(line[len(DONE):])]
 
 
 class EngineProcess:
     """Same face as EngineRunner: start(), wake(), stop(), ready, failed, pid."""
 
-    def __init__(self, argv: Sequence[str], on_finished: Callable[[Iterable[str]], None] = lambda ids: None):
+    def __init__(self, argv: Sequence[str], on_finished: Notify = lambda outcomes: None):
         self._argv = [sys.executable, "-m", "skyrl_tx.engine", *argv]
         self._on_finished = on_finished
         self._lock = threading.Lock()
@@ -99,5 +113,10 @@ class EngineProcess:
             line = raw.decode(errors="replace").strip()
             if line == "ready":
                 self.ready.set()
-            elif line.startswith("done "):
-                self._on_finished(line.split()[1:])
+            elif line.startswith(DONE):
+                try:
+                    outcomes = parse_done_line(line)
+                except (ValueError, TypeError):  # the long-polls still find the results in the database
+                    log.exception("engine process: unreadable report %.200s", line)
+                    continue
+                self._on_finished(outcomes)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.checkpoints.store import CheckpointStore
+from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import EngineLoop
 
@@ -22,7 +23,7 @@ SWEEP_EVERY_S = 5.0  # how often silent sessions and expired checkpoints are loo
 
 
 def build_loop(backend: Any, sessions: sessionmaker[Session], store: CheckpointStore, model_dir: Path,
-               notify: Callable[[Iterable[str]], None], session_timeout_s: float) -> EngineLoop:
+               notify: Notify, session_timeout_s: float) -> EngineLoop:
     checkpointer = Checkpointer(backend, store, sessions, model_dir)
     return EngineLoop(backend, sessions, checkpointer, notify=notify, session_timeout_s=session_timeout_s)
 
@@ -60,7 +61,7 @@ class EngineRunner:
     """The engine in a thread of the server process (`--engine thread`). The thread loads the backend
     itself, so only that thread ever touches it. Same face as EngineProcess."""
 
-    def __init__(self, settings: Any, on_finished: Callable[[Iterable[str]], None] = lambda ids: None):
+    def __init__(self, settings: Any, on_finished: Notify = lambda outcomes: None):
         self._settings = settings  # EngineSettings
         self._on_finished = on_finished
         self._wake = threading.Event()

@@ -6,12 +6,13 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from skyrl_tx.config import BackendSettings, ServerSettings
+from skyrl_tx.db.future_queries import Notify
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -41,7 +42,7 @@ class EngineSettings:
     def from_json(cls, raw: dict[str, Any]) -> EngineSettings:
         return cls(**raw)
 
-    def run(self, stop: threading.Event, wake: threading.Event, notify: Callable[[Iterable[str]], None],
+    def run(self, stop: threading.Event, wake: threading.Event, notify: Notify,
             on_ready: Callable[[], None]) -> None:
         """Loads the base model and runs the engine loop until `stop` is set (this thread owns the backend)."""
         from skyrl_tx.backend.native import NativeBackend

@@ -18,6 +18,7 @@ from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import PARTIAL_MARKER, CheckpointStore
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
+from skyrl_tx.engine.process import done_line, parse_done_line
 from skyrl_tx.engine.snapshots import KEEP_PER_MODEL
 
 DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
@@ -74,6 +75,28 @@ def test_requests_of_two_models_run_in_seq_order_with_barriers(loop: EngineLoop)
     first, after = done["s:train:0:1"].result, done["s:train:0:3"].result
     # seq 3 saw the weights after the optim step of seq 2, so its loss is lower than seq 1's.
     assert after["metrics"]["loss:sum"] < first["metrics"]["loss:sum"]
+
+
+def test_finished_futures_are_reported_as_stored(loop: EngineLoop) -> None:
+    """retrieve_future answers a woken long-poll from the reported outcome instead of reading the row back: the
+    report (also after the engine process's line encoding) must equal the row, failures included."""
+    reported = []
+    loop.notify = reported.extend
+    create(loop, "s", "s:train:0")
+    fb = {"model_id": "s:train:0", "loss_fn": "cross_entropy", "loss_fn_config": {}, "data": [DATUM]}
+    add(loop, future("s:train:0:1", "forward_backward", fb, "s:train:0", 1),
+        future("s:train:0:2", "forward_backward", {**fb, "loss_fn": "no_such_loss"}, "s:train:0", 2),
+        future("s:train:0:3", "optim_step", {"model_id": "s:train:0", "adam_params": {"learning_rate": 0.05}},
+               "s:train:0", 3))
+    for _ in range(3):
+        loop.step()
+    stored = results(loop)
+    assert {o.id for o in reported} == {"s:train:0:create", "s:train:0:1", "s:train:0:2", "s:train:0:3"}
+    assert [o.status for o in reported if o.id == "s:train:0:2"] == ["failed"]
+    for outcome in parse_done_line(done_line(reported)):
+        row = stored[outcome.id]
+        assert (outcome.status, outcome.request_type, outcome.result, outcome.error) == (
+            row.status, row.request_type, row.result, row.error)
 
 
 def test_bad_request_in_a_batch_fails_alone_with_a_user_error(loop: EngineLoop) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy import Row
 
 from skyrl_tx.api.protobuf_codec import encode_forward_backward_output, encode_sample_response
 from skyrl_tx.db import future_queries
+from skyrl_tx.db.future_queries import FutureOutcome
 from skyrl_tx.db.models import FutureStatus
 from skyrl_tx.errors import NotFoundError
 
@@ -29,11 +30,11 @@ class RetrieveFutureRequest(BaseModel):
 
 def _load(request: Request, future_id: str) -> Row | None:
     """The future's status, request_type, result and error (never its stored request body)."""
-    with request.app.state.session_factory() as db:
+    with request.app.state.database.connect() as db:
         return db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
 
 
-def _render(future: Row, accept: str) -> Response:
+def _render(future: Row | FutureOutcome, accept: str) -> Response:
     if future.status == FutureStatus.FAILED.value:
         error = future.error or {}
         return JSONResponse({"error": error.get("message", "request failed"), "category": error.get("category", "server")})
@@ -58,7 +59,7 @@ def _render(future: Row, accept: str) -> Response:
 async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Response:
     waiters = request.app.state.waiters
     settings = request.app.state.settings
-    event = waiters.register(body.request_id)  # before reading, so a result written meanwhile is not missed
+    waiter = waiters.register(body.request_id)  # before reading, so a result written meanwhile is not missed
     try:
         future = await asyncio.to_thread(_load, request, body.request_id)
         if future is None:
@@ -72,11 +73,12 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Resp
             if remaining <= 0:
                 return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
             try:
-                await asyncio.wait_for(event.wait(), timeout=min(recheck, remaining))
+                await asyncio.wait_for(waiter.event.wait(), timeout=min(recheck, remaining))
             except TimeoutError:
                 pass
-            event.clear()
-            future = await asyncio.to_thread(_load, request, body.request_id)
+            waiter.event.clear()
+            # Woken by the engine: it handed over what it stored. A recheck reads the database.
+            future = waiter.outcome or await asyncio.to_thread(_load, request, body.request_id)
         return _render(future, request.headers.get("accept", ""))
     finally:
-        waiters.unregister(body.request_id, event)
+        waiters.unregister(body.request_id, waiter)

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.submit import live_model, require_model, submit_future
@@ -136,7 +136,7 @@ async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
     params = body.sampling_params.model_dump()
     params["stop"] = [stop] if isinstance(stop, str) else stop
 
-    def store(db: Session) -> dict[str, Any]:
+    def store(db: Connection) -> dict[str, Any]:
         sampler = db.execute(future_queries.SAMPLER_WEIGHTS, {"id_": body.sampling_session_id}).one_or_none()
         if sampler is None:
             raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a "

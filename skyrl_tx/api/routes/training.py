@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.protobuf_codec import decode_forward_backward_request
@@ -92,7 +92,7 @@ async def forward_backward(request: Request) -> dict[str, str]:
     raw = await request.body()
     encoding = request.headers.get("content-encoding")
 
-    def store(db: Session) -> dict[str, str]:
+    def store(db: Connection) -> dict[str, str]:
         try:  # decoding (zstd + protobuf) is CPU work: off the event loop, in the same hop as the database
             decoded = decode_forward_backward_request(raw, encoding)
         except ValueError as exc:
@@ -119,7 +119,7 @@ async def optim_step(body: OptimStepRequest, request: Request) -> dict[str, str]
         raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params (AdamW)")
     job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
 
-    def store(db: Session) -> dict[str, str]:
+    def store(db: Connection) -> dict[str, str]:
         require_model(db, body.model_id)
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                                   request_type="optim_step", body=job, model_id=body.model_id, seq_id=body.seq_id)
