@@ -201,13 +201,34 @@ at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segme
 
 at::Tensor LoraLinear::forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const {
   SKYRL_TX_INTERNAL_ASSERT(!c10::GradMode::is_enabled(), "the row-dense LoRA path is inference only");
-  const int64_t columns = a_.size(0) * a_.size(1);
+  prepare_inference(x.scalar_type());
   at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
-  // Every slot's A at once: xa[n, s * R + r] = A_s[r] . x_n; then keep only row n's own slot, scaled.
-  at::Tensor xa = at::mm(x.to(at::kFloat), a_.view({columns, in_features()}).t());  // [N, S * R]
-  xa.mul_(slot_columns).mul_(column_scaling_);
-  y.add_(at::mm(xa, b_.view({out_features(), columns}).t()));  // [N, out]
-  return y;
+  // Every slot's A at once: xa[n, s * R + r] = A_s[r] . x_n; then keep only row n's own slot's columns (the
+  // 0/1 mask is exact in any dtype; the scaling is already in b_scaled).
+  at::Tensor xa = at::mm(x, inference_.a.t()).mul_(slot_columns);  // [N, S * R]
+  return y.addmm_(xa, inference_.b_scaled.t());                    // [N, out]
+}
+
+void LoraLinear::prepare_inference(at::ScalarType dtype) const {
+  c10::NoGradGuard no_grad;
+  const int64_t columns = a_.size(0) * a_.size(1);
+  const at::Tensor a_masters = a_.view({columns, in_features()});   // [S * R, in]
+  const at::Tensor b_masters = b_.view({out_features(), columns});  // [out, S * R]
+  if (!inference_.a.defined() || inference_.a.scalar_type() != dtype) {
+    inference_ = InferenceFactors{};
+    inference_.a = dtype == a_.scalar_type() ? a_masters : at::empty(a_masters.sizes(), a_.options().dtype(dtype));
+    inference_.b_scaled = at::empty(b_masters.sizes(), b_.options().dtype(dtype));
+  }
+  const bool a_is_view = dtype == a_.scalar_type();  // then always current
+  if (!a_is_view && inference_.a_version != a_._version()) {
+    inference_.a.copy_(a_masters);
+    inference_.a_version = a_._version();
+  }
+  if (inference_.b_version != b_._version() || inference_.scaling_version != column_scaling_._version()) {
+    inference_.b_scaled.copy_(b_masters * column_scaling_);  // scaled in float32, rounded once
+    inference_.b_version = b_._version();
+    inference_.scaling_version = column_scaling_._version();
+  }
 }
 
 void LoraLinear::set_slot_scaling(int64_t slot, int64_t rank, double scaling) {

@@ -68,6 +68,10 @@ class LoraLinear {
   const at::Tensor& stacked_b() const { return b_; }
   /// [S * max_rank] float32: slot s's scaling on its first rank_s columns, 0 elsewhere.
   const at::Tensor& column_scaling() const { return column_scaling_; }
+  /// Brings the row-dense inference factors (the masters in the activation dtype `dtype`, B pre-multiplied by
+  /// the column scaling) up to date, in place, if a factor or a scaling changed since. forward_row_dense calls
+  /// it; a CUDA graph that replays that path without running it must call it before each replay.
+  void prepare_inference(at::ScalarType dtype) const;
   int64_t in_features() const { return weight_.size(1); }
   int64_t out_features() const { return weight_.size(0); }
 
@@ -78,6 +82,15 @@ class LoraLinear {
   at::Tensor b_;       // [out, S, max_rank] float32; likewise
   // [S * max_rank]: slot s's scaling on its first rank_s columns, 0 elsewhere (the row-dense path's mask).
   at::Tensor column_scaling_;
+  // What the row-dense inference path multiplies by: two GEMMs in the activation dtype and one mask multiply per
+  // step, instead of casting every slot's float32 factors (and scaling separately) on every step. Refreshed
+  // only when the masters' (or the scalings') version counters moved: every update of them is an in-place op.
+  struct InferenceFactors {
+    at::Tensor a;         // [S * max_rank, in]: a view of the masters when the dtype is float32, else a copy
+    at::Tensor b_scaled;  // [out, S * max_rank]: B with column j multiplied by column_scaling_[j]
+    int64_t a_version = -1, b_version = -1, scaling_version = -1;
+  };
+  mutable InferenceFactors inference_;
   std::vector<int64_t> ranks_;    // [S]; 0 = LoRA off for this slot in this module
   std::vector<double> scalings_;  // [S]
   // Per-slot gradient accumulators, written by the autograd backward through a const module (hence mutable).

@@ -42,6 +42,11 @@ class CausalLM {
   std::vector<NamedParameter> named_parameters() const;
   /// Every LoRA-capable linear with its HF module path and target group (stable order).
   const std::vector<NamedLoraModule>& lora_modules() const { return lora_modules_; }
+  /// Every LoRA module's row-dense inference factors brought up to date (see LoraLinear::prepare_inference):
+  /// a CUDA graph of the row-dense path reads them without running the code that refreshes them.
+  void prepare_lora_inference() const {
+    for (const NamedLoraModule& m : lora_modules_) m.module->prepare_inference(options_.dtype);
+  }
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
 

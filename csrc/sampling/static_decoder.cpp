@@ -126,6 +126,9 @@ at::Tensor StaticDecoder::step(const std::vector<int64_t>& tokens, const std::ve
 #ifdef SKYRL_TX_WITH_CUDA
   if (cuda_graphs_) {
     const c10::cuda::CUDAGuard device_guard(model_.options().device);  // streams and pool of the model's GPU
+    // Adapter factors or scalings that changed since the last step (an optim_step, a new adapter in a slot)
+    // reach the graph's inputs here, in place; inside a capture they are then current, so none is recorded.
+    model_.prepare_lora_inference();
     if (!shape.graph) {
       // Warm-up on a side stream (lazy cuBLAS/attention initialisation must not be captured); it also computes
       // this step, so the capture is followed by a replay of the same, idempotent work.

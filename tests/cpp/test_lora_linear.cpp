@@ -70,6 +70,45 @@ TEST_F(LoraLinearTest, RowDenseEqualsSegments) {
   EXPECT_TENSOR_CLOSE(dense.select(0, 4), at::linear(x_.select(0, 4), weight_, bias_), 1e-5, 1e-5);  // slot 3 off
 }
 
+// The row-dense path reads inference copies of the factors (B pre-scaled; copies in a bf16 model); every way
+// factors and scalings change (an optimizer's in-place update of a slot view, set_factors, a new tenant of a
+// slot with another rank and scaling, a disabled slot) must reach them before the next forward.
+TEST_F(LoraLinearTest, RowDenseFollowsFactorAndScalingUpdates) {
+  c10::NoGradGuard no_grad;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const double tolerance = dtype == at::kFloat ? 1e-5 : 3e-2;
+    LoraLinear lin(weight_.to(dtype), bias_.to(dtype), kSlots, kMaxRank);
+    const at::Tensor x = x_.to(dtype);
+    const std::vector<int64_t> slot_of_row = {2, 0, 1, 1, 3, 2, 0, 1, 2};
+    const AdapterSegments dense = AdapterSegments::row_dense(
+        slot_columns(at::tensor(slot_of_row, at::kLong), kSlots, kMaxRank));  // [9, S * R]
+    const AdapterSegments segmented = AdapterSegments::from_rows(slot_of_row, 1);
+    auto check = [&](const char* after) {
+      SCOPED_TRACE(after);
+      EXPECT_TENSOR_CLOSE(lin.forward(x, dense).to(at::kFloat), lin.forward(x, segmented).to(at::kFloat), tolerance,
+                          tolerance);
+    };
+    lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));
+    lin.enable_slot(2, 2, 3.0, make_gen(2));
+    lin.set_factors(1, randn({kMaxRank, kIn}, gen_), randn({kOut, kMaxRank}, gen_));
+    lin.set_factors(2, randn({2, kIn}, gen_), randn({kOut, 2}, gen_));
+    check("set_factors");
+    lin.lora_a(1).add_(randn({kMaxRank, kIn}, gen_));  // what AdamW does to a trained slot's views
+    lin.lora_b(2).mul_(-2.0);
+    check("in-place updates of slot views");
+    lin.disable_slot(2);
+    lin.load_slot(2, 3, 7.0, randn({3, kIn}, gen_), randn({kOut, 3}, gen_));  // another rank and scaling
+    lin.enable_slot(3, 1, 2.0, make_gen(3));
+    lin.set_factors(3, randn({1, kIn}, gen_), randn({kOut, 1}, gen_));
+    check("a new tenant in a slot, a newly enabled slot");
+    lin.disable_slot(1);
+    check("a disabled slot");
+    EXPECT_TENSOR_CLOSE(lin.forward(x, dense).select(0, 2).to(at::kFloat),
+                        at::linear(x.select(0, 2), lin.weight(), lin.bias()).to(at::kFloat), tolerance, tolerance);
+  }
+}
+
 // Training through the row-dense batch path (many adapters, one matmul per direction) gives the per-segment
 // path's output, input gradient and per-slot factor gradients.
 TEST_F(LoraLinearTest, RowDenseBatchTrainingEqualsSegments) {
