@@ -10,6 +10,7 @@ import logging
 import sys
 import threading
 
+from skyrl_tx.db.future_queries import FutureOutcome
 from skyrl_tx.engine.process import done_line
 from skyrl_tx.engine.settings import EngineSettings
 
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
             wake.set()
 
         threading.Thread(target=read_wakeups, name="skyrl-tx-engine-wakeups", daemon=True).start()
-    settings.run(stop, wake, notify=lambda outcomes: emit(done_line(outcomes)), on_ready=lambda: emit("ready"))
+    def report(outcomes: list[FutureOutcome]) -> None:
+        if stdio:  # standalone, nobody listens: skip encoding the results
+            emit(done_line(outcomes))
+
+    settings.run(stop, wake, notify=report, on_ready=lambda: emit("ready"))
     return 0
 
 
