@@ -214,12 +214,12 @@ void LoraLinear::prepare_inference(at::ScalarType dtype) const {
   const int64_t columns = a_.size(0) * a_.size(1);
   const at::Tensor a_masters = a_.view({columns, in_features()});   // [S * R, in]
   const at::Tensor b_masters = b_.view({out_features(), columns});  // [out, S * R]
+  const bool a_is_view = dtype == a_.scalar_type();                 // then always current
   if (!inference_.a.defined() || inference_.a.scalar_type() != dtype) {
     inference_ = InferenceFactors{};
-    inference_.a = dtype == a_.scalar_type() ? a_masters : at::empty(a_masters.sizes(), a_.options().dtype(dtype));
+    inference_.a = a_is_view ? a_masters : at::empty(a_masters.sizes(), a_.options().dtype(dtype));
     inference_.b_scaled = at::empty(b_masters.sizes(), b_.options().dtype(dtype));
   }
-  const bool a_is_view = dtype == a_.scalar_type();  // then always current
   if (!a_is_view && inference_.a_version != a_._version()) {
     inference_.a.copy_(a_masters);
     inference_.a_version = a_._version();

@@ -14,9 +14,9 @@ from skyrl_tx.db.models import ModelRecord, ModelStatus, request_hash
 from skyrl_tx.errors import ConflictError, NotFoundError
 
 
-def submit_future(request: Request, db: Session | Connection, *, future_id: str, request_type: str, body: dict[str, Any],
-                  model_id: str | None = None, seq_id: int | None = None, session_id: str | None = None,
-                  extra_rows: tuple[Any, ...] = ()) -> str:
+def submit_future(request: Request, db: Session | Connection, *, future_id: str, request_type: str,
+                  body: dict[str, Any], model_id: str | None = None, seq_id: int | None = None,
+                  session_id: str | None = None, extra_rows: tuple[Any, ...] = ()) -> str:
     """Same id and same body → the existing future (a retry runs once); same id, other body → 409.
     `extra_rows` (ORM records stored in the same transaction) need a Session."""
     digest = request_hash(body)
