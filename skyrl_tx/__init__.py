@@ -1,6 +1,6 @@
-"""skyrl_tx: a self-hosted Tinker API server on a C++ libtorch core."""
+"""skyrl_tx: a self-hosted Tinker API server on a C++ libtorch core.
 
-# torch first: _C resolves libtorch symbols that `import torch` loads (pytorch/extension-cpp#6).
-import torch  # noqa: F401
+The package itself imports nothing heavy: torch loads in the engine (and wherever the extension is used) through
+skyrl_tx._ext.load_extension(), never in the API process."""
 
 __version__ = "0.1.0"

@@ -5,14 +5,16 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
-import torch
-
 REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps -e ."
 
 
 @functools.cache
 def load_extension() -> ModuleType:
     """Returns the extension module; raises ImportError naming both torch versions on a mismatch."""
+    # torch first: _C resolves libtorch symbols that `import torch` loads (pytorch/extension-cpp#6). Only here
+    # (and in the engine): the package itself never loads torch, so the API process stays free of it.
+    import torch
+
     try:
         from skyrl_tx import _build_info
     except ImportError as exc:

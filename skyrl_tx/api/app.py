@@ -23,7 +23,6 @@ from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.process import EngineProcess
-from skyrl_tx.engine.runner import EngineRunner, ExternalEngine
 from skyrl_tx.engine.settings import EngineSettings
 
 log = logging.getLogger("skyrl_tx.api")
@@ -56,6 +55,8 @@ def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
     """The engine host for settings.engine (the API itself never imports the extension)."""
     if settings.engine == "process":
         return EngineProcess([json.dumps(engine_settings.to_json()), "--stdio"], on_finished=on_finished)
+    from skyrl_tx.engine.runner import EngineRunner, ExternalEngine  # loads torch: only for these two modes
+
     if settings.engine == "thread":
         return EngineRunner(engine_settings, on_finished=on_finished)
     return ExternalEngine()

@@ -15,13 +15,24 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
+from typing import TYPE_CHECKING, Any
 
 from skyrl_tx.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # the API imports ModelMeta from here and must not load torch (only the engine does)
+    import torch
+
+
+def load_safetensors(raw: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(raw)
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors, metadata=metadata)
 
 FORMAT_VERSION = 1
 STATE_FILE = "skyrl_state.json"

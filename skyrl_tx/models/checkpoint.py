@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING
 
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:  # the API server resolves the base model here and must not load torch (only the engine does)
+    import torch
 
 
 def resolve_model_path(name: str) -> Path:
@@ -63,6 +64,8 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """All tensors of all shards by HF name; a name in two shards is an error."""
+    from safetensors.torch import load_file
+
     weights: dict[str, torch.Tensor] = {}
     for shard in safetensors_files(model_dir):
         for name, tensor in load_file(str(shard)).items():
