@@ -27,6 +27,7 @@ class BackendSettings:
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
     max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
     cuda_graphs: bool = True  # GPU: capture each decode step shape as a CUDA graph once, then replay it
+    num_threads: int = 0  # engine's intra-op threads; 0: from the cores it owns (engine/threads.py)
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -64,6 +65,9 @@ class BackendSettings:
         return settings
 
     def validate(self) -> None:
+        if self.num_threads < 0:
+            raise InvalidArgumentError(f"--backend-config: num_threads must be >= 0 (0: chosen from the cores "
+                                       f"the engine owns; got {self.num_threads})")
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",

@@ -36,9 +36,14 @@ def _native_model_config(cfg: DecoderConfig):
     return native
 
 
+HOST_ONLY_SETTINGS = ("num_threads",)  # applied by the engine process (engine/threads.py), not the C++ core
+
+
 def _native_backend_config(settings: BackendSettings):
     native = load_extension().BackendConfig()
     for f in dataclasses.fields(settings):
+        if f.name in HOST_ONLY_SETTINGS:
+            continue
         setattr(native, f.name, getattr(settings, f.name))
     return native
 

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     settings = EngineSettings.from_json(json.loads(argv[0]))
+    settings.configure_threads()  # first, before anything loads torch: OpenMP reads its wait policy at load
     events = sys.stdout
     sys.stdout = sys.stderr  # nothing but protocol lines may reach the parent's pipe
     stop, wake = threading.Event(), threading.Event()

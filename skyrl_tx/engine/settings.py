@@ -13,6 +13,7 @@ from typing import Any
 
 from skyrl_tx.config import BackendSettings, ServerSettings
 from skyrl_tx.db.future_queries import Notify
+from skyrl_tx.engine.threads import ThreadChoice, configure_threads
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -42,15 +43,22 @@ class EngineSettings:
     def from_json(cls, raw: dict[str, Any]) -> EngineSettings:
         return cls(**raw)
 
+    def configure_threads(self) -> ThreadChoice:
+        """Sizes this process's thread pools to the cores it owns and logs the choice (engine/threads.py)."""
+        backend = BackendSettings.from_dict(self.backend)
+        return configure_threads(backend.device, backend.num_threads)
+
     def run(self, stop: threading.Event, wake: threading.Event, notify: Notify,
             on_ready: Callable[[], None]) -> None:
         """Loads the base model and runs the engine loop until `stop` is set (this thread owns the backend)."""
+        backend_settings = BackendSettings.from_dict(self.backend)
+        self.configure_threads()  # before the imports below load torch (a no-op if __main__ did it already)
+
         from skyrl_tx.backend.native import NativeBackend
         from skyrl_tx.checkpoints.store import CheckpointStore
         from skyrl_tx.db.session import make_engine, make_session_factory
         from skyrl_tx.engine.runner import build_loop, run_engine
 
-        backend_settings = BackendSettings.from_dict(self.backend)
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
                  backend_settings.dtype, backend_settings.device)

@@ -1,0 +1,130 @@
+"""Thread-pool policy: how many intra-op / inter-op threads a compute process (engine, rank, bench) runs, and how
+its OpenMP threads wait.
+
+Why: an intra-op pool wider than the cores the process really has (the API, other ranks and the user's jobs
+share them) makes every parallel region wait for a descheduled thread; measured on a 2-core machine with one
+busy process beside the server, torch's default (every core) gave a 30x p90 tail on a training step.
+
+Order of precedence: an explicit OMP_NUM_THREADS in the environment, then the `num_threads` backend-config key,
+then the default: on a CPU device the cores of the affinity mask less the ones kept for the API process, split
+between the local ranks (at least 1 each); on a GPU a small fixed number (the host side only feeds the device).
+Waiting threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE: GNU libgomp, which the torch wheels ship,
+honours it as a spin count of 0; KMP_BLOCKTIME=0 does the same for Intel/LLVM OpenMP) unless the environment
+already says how to wait (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME). OpenMP reads those when its library
+loads, so they are set before torch is imported; the counts are also applied through torch afterwards.
+SKYRL_TX_THREADS=torch leaves everything to torch's defaults (the old behaviour, for benchmarks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+
+log = logging.getLogger("skyrl_tx.engine")
+
+API_CORES = 1  # cores left to the API process on the same host (it parses, stores and answers requests)
+GPU_THREADS = 4  # CPU threads of a process whose compute runs on a GPU (kernel launches, host-side ops)
+INTEROP_THREADS = 1  # nothing in the engine runs independent torch ops concurrently (no at::launch / jit.fork)
+POLICY_ENV = "SKYRL_TX_THREADS"  # "torch": keep torch's defaults (benchmark baseline)
+WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadChoice:
+    intra_op: int | None  # None: torch's default (SKYRL_TX_THREADS=torch)
+    inter_op: int | None
+    source: str  # OMP_NUM_THREADS | num_threads | default | torch
+    reason: str  # for the startup log: what the count was derived from
+    env: dict[str, str]  # variables to set before torch (and its OpenMP) loads
+
+    def describe(self) -> str:
+        if self.intra_op is None:
+            return f"threads: torch defaults ({self.reason})"
+        waits = ", ".join(f"{k}={v}" for k, v in self.env.items() if k in WAIT_ENV) or "as the environment says"
+        return (f"threads: intra-op {self.intra_op}, inter-op {self.inter_op} ({self.source}: {self.reason}); "
+                f"waiting threads: {waits}")
+
+
+def affinity_cores() -> int:
+    """The cores this process may run on (its affinity mask; a container's cpuset shows here too)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _positive_int(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else 0
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def wait_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Sleep-don't-spin settings, unless the environment already chose how OpenMP threads wait."""
+    if any(k in environ for k in WAIT_ENV):
+        return {}
+    return {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+
+
+def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | None = None,
+                   environ: Mapping[str, str] | None = None, local_ranks: int = 1,
+                   reserved_cores: int = API_CORES) -> ThreadChoice:
+    """The thread counts for one compute process on `device` (see the module docstring for the order)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(POLICY_ENV, "").strip().lower() == "torch":
+        return ThreadChoice(None, None, "torch", f"{POLICY_ENV}=torch", {})
+    cores = affinity_cores() if cores is None else cores
+    explicit = _positive_int(environ.get("OMP_NUM_THREADS"))
+    if explicit is not None:
+        intra, source, reason = explicit, "OMP_NUM_THREADS", "set in the environment"
+    elif num_threads > 0:
+        intra, source, reason = num_threads, "num_threads", "backend config"
+    else:
+        share = max(1, (cores - reserved_cores) // max(1, local_ranks))
+        per_rank = f", split between {local_ranks} local ranks" if local_ranks > 1 else ""
+        if device == "cpu":
+            intra = share
+            reason = f"{cores} cores in the affinity mask, {reserved_cores} kept for the API{per_rank}"
+        else:
+            intra = min(GPU_THREADS, share)
+            reason = f"device {device}: at most {GPU_THREADS} host threads ({cores} cores in the affinity mask)"
+        source = "default"
+    env = {"OMP_NUM_THREADS": str(intra), **wait_env(environ)}
+    if "MKL_NUM_THREADS" not in environ:
+        env["MKL_NUM_THREADS"] = str(intra)
+    return ThreadChoice(intra, INTEROP_THREADS, source, reason, env)
+
+
+_applied: ThreadChoice | None = None
+
+
+def configure_threads(device: str = "cpu", num_threads: int = 0, *, local_ranks: int = 1,
+                      environ: MutableMapping[str, str] | None = None) -> ThreadChoice:
+    """Chooses and applies the thread counts of this process (once: later calls return the first choice), and
+    logs them. Call it before torch is imported so the wait policy reaches OpenMP; later, only the counts do."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    environ = os.environ if environ is None else environ
+    choice = choose_threads(device, num_threads, environ=environ, local_ranks=local_ranks)
+    torch_was_loaded = "torch" in sys.modules
+    environ.update(choice.env)
+    import torch
+
+    if choice.intra_op is not None:
+        torch.set_num_threads(choice.intra_op)
+        try:
+            torch.set_num_interop_threads(choice.inter_op)
+        except RuntimeError:  # the inter-op pool already started (torch was in use before the engine)
+            pass
+    late = "; torch was loaded before this call, so the wait policy did not reach OpenMP" \
+        if torch_was_loaded and choice.env else ""
+    log.info("%s -> torch runs %d intra-op / %d inter-op threads%s", choice.describe(), torch.get_num_threads(),
+             torch.get_num_interop_threads(), late)
+    _applied = choice
+    return choice
