@@ -1,4 +1,4 @@
-"""The hand-written protobuf codec against the tinker 0.38 SDK's own encoder and decoders."""
+"""The wire schema and codec (skyrl_tx/wire) against the tinker 0.38 SDK's own generated module, encoder and decoders."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from tinker.types import (
     SampledProvenanceSpan,
 )
 
-from skyrl_tx.api import protobuf_codec as codec
-from skyrl_tx.api.protobuf_codec import (
+from skyrl_tx.wire import codec
+from skyrl_tx.wire import tinker_wire_pb2 as our_pb
+from skyrl_tx.wire.codec import (
+    decode_forward_backward_output,
     decode_forward_backward_request,
     encode_forward_backward_output,
     encode_sample_response,
@@ -59,6 +61,19 @@ def expected_datum(datum: Datum) -> dict[str, Any]:
         dense = td.to_numpy()
         inputs[name] = {"dtype": td.dtype, "shape": list(dense.shape), "values": dense.ravel().tolist()}
     return {"input_tokens": datum.model_input.to_ints(), "loss_fn_inputs": inputs}
+
+
+def plain(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decoded datums with their numpy arrays as lists, after checking the arrays' dtypes."""
+    out = []
+    for d in data:
+        assert d["input_tokens"].dtype == np.int32
+        inputs = {}
+        for name, t in d["loss_fn_inputs"].items():
+            assert t["values"].dtype == {"float32": np.float32, "int64": np.int64}[t["dtype"]] and t["values"].ndim == 1
+            inputs[name] = {**t, "values": t["values"].tolist()}
+        out.append({"input_tokens": d["input_tokens"].tolist(), "loss_fn_inputs": inputs})
+    return out
 
 
 def make_datums() -> list[Datum]:
@@ -98,8 +113,8 @@ def test_request_round_trip(compress: bool, forward_only: bool) -> None:
     assert got["loss_fn"] == "ppo"
     assert got["forward_only"] is forward_only
     assert got["loss_fn_config"] == {}
-    assert got["data"] == [expected_datum(d) for d in datums]
-    weights = got["data"][2]["loss_fn_inputs"]["weights"]
+    assert plain(got["data"]) == [expected_datum(d) for d in datums]
+    weights = plain(got["data"])[2]["loss_fn_inputs"]["weights"]
     assert weights["shape"] == [4, 6] and weights["values"][1 * 6 + 2] == 0.5 and weights["values"][23] == -1.25
 
 
@@ -115,9 +130,10 @@ def test_request_loss_fn_config_float_and_string() -> None:
 
 def test_request_defaults_and_empty() -> None:
     got = decode_forward_backward_request(b"", None)
-    assert got == {"model_id": "", "seq_id": 0, "loss_fn": "", "forward_only": False, "loss_fn_config": {}, "data": []}
+    assert got == {"model_id": "", "seq_id": 0, "loss_fn": "", "forward_only": False, "loss_fn_config": {}, "data": [],
+                   "body": b""}
     body = sdk_body([Datum(model_input=ModelInput.from_ints([]), loss_fn_inputs={"weights": []})])
-    datum = decode_forward_backward_request(body, None)["data"][0]
+    datum = plain(decode_forward_backward_request(body, None)["data"])[0]
     assert datum == {"input_tokens": [], "loss_fn_inputs": {"weights": {"dtype": "float32", "shape": [0], "values": []}}}
 
 
@@ -127,7 +143,7 @@ def test_request_provenance_spans_are_skipped() -> None:
         model_input=[PromptProvenanceSpan(sequence_id="s0", length=2), SampledProvenanceSpan(sequence_id="s1", length=1)],
         loss_fn_inputs=[SampledProvenanceSpan(sequence_id="s1", offset=0, length=3)],
     )
-    assert decode_forward_backward_request(sdk_body([datum]), None)["data"] == [expected_datum(datum)]
+    assert plain(decode_forward_backward_request(sdk_body([datum]), None)["data"]) == [expected_datum(datum)]
 
 
 def test_request_int32_and_bfloat16_tensors() -> None:
@@ -144,8 +160,8 @@ def test_request_int32_and_bfloat16_tensors() -> None:
     body = public_pb.ForwardBackwardRequest(model_id="m", seq_id=-5, data=[datum]).SerializeToString()
     got = decode_forward_backward_request(body, None)
     assert got["seq_id"] == -5
-    inputs = got["data"][0]["loss_fn_inputs"]
-    assert got["data"][0]["input_tokens"] == [4, 5]
+    inputs = plain(got["data"])[0]["loss_fn_inputs"]
+    assert got["data"][0]["input_tokens"].tolist() == [4, 5]
     assert inputs["ids"] == {"dtype": "int64", "shape": [3], "values": [1, -2, 3]}
     assert inputs["w"] == {"dtype": "float32", "shape": [3], "values": bf16.float().tolist()}
     assert inputs["noshape"] == {"dtype": "float32", "shape": [2], "values": [1.0, 2.0]}
@@ -186,7 +202,7 @@ def test_request_skips_unknown_fields_of_every_wire_type() -> None:
     body = UNKNOWN + _field(1, 2, b"m") + _field(3, 2, datum_bytes) + UNKNOWN
     public_pb.ForwardBackwardRequest.FromString(body)  # the real parser accepts it too
     got = decode_forward_backward_request(body, None)
-    assert got["model_id"] == "m" and got["data"] == [expected_datum(datum)]
+    assert got["model_id"] == "m" and plain(got["data"]) == [expected_datum(datum)]
 
 
 @pytest.mark.parametrize(
@@ -224,7 +240,7 @@ def test_request_multi_frame_zstd() -> None:
     body = sdk_body(make_datums())
     half = len(body) // 2
     frames = zstandard.ZstdCompressor().compress(body[:half]) + zstandard.ZstdCompressor().compress(body[half:])
-    assert decode_forward_backward_request(frames, " ZSTD ")["data"] == [expected_datum(d) for d in make_datums()]
+    assert plain(decode_forward_backward_request(frames, " ZSTD ")["data"]) == [expected_datum(d) for d in make_datums()]
 
 
 def _tensor_body(tensor: public_pb.Tensor) -> bytes:
@@ -243,8 +259,6 @@ MALFORMED = {
     "unterminated_group": b"\x0b\x08\x01",
     "mismatched_end_group": b"\x0b\x14",
     "deeply_nested_groups": b"\x0b" * 100,
-    "wrong_wire_type_model_id": b"\x08\x01",
-    "wrong_wire_type_seq_id": _field(2, 2, b"x"),
     "bad_utf8": _field(1, 2, b"\xff\xfe"),
     "length_past_end": b"\x0a\x05ab",
     "odd_token_bytes": _field(3, 2, _field(1, 2, _field(1, 2, _field(1, 2, b"\x01\x02\x03")))),
@@ -292,6 +306,14 @@ def test_request_malformed_raises_value_error(name: str) -> None:
         decode_forward_backward_request(MALFORMED[name], None)
 
 
+@pytest.mark.parametrize("body", [b"\x08\x01", _field(2, 2, b"x")], ids=["model_id_as_varint", "seq_id_as_bytes"])
+def test_request_known_field_with_wrong_wire_type_is_an_unknown_field(body: bytes) -> None:
+    # Protobuf parsers keep a known field number with another wire type as an unknown field: ours as the SDK's.
+    sdk = public_pb.ForwardBackwardRequest.FromString(body)
+    got = decode_forward_backward_request(body, None)
+    assert (got["model_id"], got["seq_id"]) == (sdk.model_id, sdk.seq_id) == ("", 0)
+
+
 @pytest.mark.parametrize(
     ("body", "encoding"),
     [(b"not zstd at all", "zstd"), (zstandard.ZstdCompressor().compress(b"\x0a\x01m" * 100)[:-4], "zstd"), (b"", "zstd"),
@@ -300,6 +322,119 @@ def test_request_malformed_raises_value_error(name: str) -> None:
 def test_request_bad_encoding_raises_value_error(body: bytes, encoding: str) -> None:
     with pytest.raises(ValueError):
         decode_forward_backward_request(body, encoding)
+
+
+# --------------------------------------------------------------------------------------------------
+# The schema: the project's generated module against the SDK's, message by message and field by field
+# --------------------------------------------------------------------------------------------------
+
+
+def _descriptor_bytes(module: Any, package: str) -> bytes:
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    module.DESCRIPTOR.CopyToProto(proto)
+    proto.ClearField("name")
+    proto.ClearField("package")
+    return proto.SerializeToString().replace(f".{package}.".encode(), b".PKG.")
+
+
+def test_schema_is_the_sdks_but_for_the_package() -> None:
+    # Same messages, enums, field names, numbers, types, labels, oneofs, maps and presence, in the same order.
+    assert _descriptor_bytes(our_pb, "skyrl_tx.wire") == _descriptor_bytes(public_pb, "tinker_public")
+    assert our_pb.DESCRIPTOR.package != public_pb.DESCRIPTOR.package  # both modules live in one process
+
+
+from google.protobuf.descriptor import FieldDescriptor as FD  # noqa: E402
+from google.protobuf.unknown_fields import UnknownFieldSet  # noqa: E402
+
+SCALARS = {FD.TYPE_DOUBLE: -2.5, FD.TYPE_FLOAT: 0.75, FD.TYPE_INT64: -(2**40), FD.TYPE_UINT64: 2**63 + 5,
+           FD.TYPE_INT32: -7, FD.TYPE_UINT32: 2**31 + 1, FD.TYPE_BOOL: True, FD.TYPE_STRING: "naïve ✓",
+           FD.TYPE_BYTES: b"\x00\xffbytes", FD.TYPE_ENUM: 1}
+
+
+def _set_field(msg: Any, field: Any, depth: int) -> None:
+    """Sets one field of `msg` to a non-default value (two entries for maps and repeated fields)."""
+    value = getattr(msg, field.name)
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        for key in ("k1", "k2"):
+            if value_field.message_type is not None:
+                _fill(value[key], depth + 1)
+            else:
+                value[key] = SCALARS[value_field.type]
+    elif field.message_type is not None:
+        for _ in range(2 if field.is_repeated else 1):
+            _fill(value.add() if field.is_repeated else value, depth + 1)
+    elif field.is_repeated:
+        value.extend([SCALARS[field.type]] * 2)
+    else:
+        setattr(msg, field.name, SCALARS[field.type])
+
+
+def _fill(msg: Any, depth: int = 0, member: str | None = None) -> Any:
+    """Sets every field of `msg`; of each real oneof only `member` (default: its first field)."""
+    if depth > 4:
+        return msg
+    for field in msg.DESCRIPTOR.fields:
+        oneof = field.containing_oneof
+        if oneof is not None and not oneof.name.startswith("_"):  # "_x": proto3 `optional`, always set
+            names = [f.name for f in oneof.fields]
+            if field.name != (member if member in names else names[0]):
+                continue
+        _set_field(msg, field, depth)
+    return msg
+
+
+def _variants(cls: Any) -> list[Any]:
+    """One filled message per member of the message's real oneofs, so every field is on the wire in some variant."""
+    members = [f.name for o in cls.DESCRIPTOR.oneofs if not o.name.startswith("_") for f in o.fields]
+    return [_fill(cls(), member=m) for m in members or [None]]
+
+
+MESSAGE_NAMES = sorted(public_pb.DESCRIPTOR.message_types_by_name)
+
+
+@pytest.mark.parametrize("name", MESSAGE_NAMES)
+def test_every_field_round_trips_sdk_to_ours_and_back(name: str) -> None:
+    sdk_cls, our_cls = getattr(public_pb, name), getattr(our_pb, name)
+    for sdk_msg in _variants(sdk_cls):
+        wire = sdk_msg.SerializeToString()
+        ours = our_cls.FromString(wire)
+        assert len(UnknownFieldSet(ours)) == 0  # every field the SDK wrote is a known field of ours
+        assert sdk_cls.FromString(ours.SerializeToString()) == sdk_msg
+        # Field by field, through the text form (same names, same values).
+        assert str(ours) == str(sdk_msg)
+
+
+@pytest.mark.parametrize("name", MESSAGE_NAMES)
+def test_every_field_round_trips_ours_to_sdk_and_back(name: str) -> None:
+    for sdk_msg in _variants(getattr(public_pb, name)):
+        ours = getattr(our_pb, name).FromString(sdk_msg.SerializeToString())
+        theirs = getattr(public_pb, name).FromString(ours.SerializeToString())
+        assert len(UnknownFieldSet(theirs)) == 0
+        assert getattr(our_pb, name).FromString(theirs.SerializeToString()) == ours
+
+
+def test_forward_backward_body_of_every_field_decodes() -> None:
+    # A body the SDK module wrote with everything a forward_backward may carry; the codec reads its datums.
+    msg = public_pb.ForwardBackwardRequest(model_id="m", seq_id=3, loss_fn="ppo", forward_only=True)
+    msg.loss_fn_config["clip"] = 0.2
+    msg.loss_fn_config_v2["clip"].number = 0.2
+    msg.loss_fn_config_v2["mode"].text = "x"
+    datum = msg.data.add()
+    datum.model_input.add().encoded_text.tokens = np.array([1, 2], np.int32).tobytes()
+    t = datum.loss_fn_inputs["w"]
+    t.dense, t.dtype = np.array([0.5, 1.5], np.float32).tobytes(), public_pb.DTYPE_FLOAT32
+    t.shape.append(2)
+    datum.model_input_spans.add().prompt_tokens.sequence_id = "p"
+    datum.loss_fn_input_spans.add().sampled_tokens.length = 2
+    got = decode_forward_backward_request(msg.SerializeToString(), None)
+    assert (got["model_id"], got["seq_id"], got["loss_fn"], got["forward_only"]) == ("m", 3, "ppo", True)
+    assert got["loss_fn_config"] == {"clip": 0.2, "mode": "x"}
+    assert plain(got["data"]) == [{"input_tokens": [1, 2],
+                                   "loss_fn_inputs": {"w": {"dtype": "float32", "shape": [2], "values": [0.5, 1.5]}}}]
+    assert got["body"] == msg.SerializeToString()
 
 
 # --------------------------------------------------------------------------------------------------

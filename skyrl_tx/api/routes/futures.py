@@ -10,11 +10,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Row
 
-from skyrl_tx.api.protobuf_codec import encode_forward_backward_output, encode_sample_response
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import FutureOutcome
 from skyrl_tx.db.models import FutureStatus
 from skyrl_tx.errors import NotFoundError
+from skyrl_tx.wire.codec import encode_forward_backward_output, encode_sample_response
 
 router = APIRouter(prefix="/api/v1")
 PROTOBUF = "application/x-protobuf"

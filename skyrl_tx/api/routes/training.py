@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.protobuf_codec import decode_forward_backward_request
 from skyrl_tx.api.submit import live_model, require_model, submit_future
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
+from skyrl_tx.wire.codec import decode_forward_backward_request, json_datums
 
 router = APIRouter(prefix="/api/v1")
 
@@ -104,7 +104,7 @@ async def forward_backward(request: Request) -> dict[str, str]:
                                        f"of {', '.join(LOSS_FUNCTIONS)}")
         kind = "forward" if decoded["forward_only"] else "forward_backward"
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
-               "data": decoded["data"]}
+               "data": json_datums(decoded["data"])}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
                                   model_id=model_id, seq_id=seq_id)
         return {"request_id": future_id, "model_id": model_id}
