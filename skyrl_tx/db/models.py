@@ -221,3 +221,21 @@ class SamplingSessionRecord(Base):
     model_id: Mapped[str | None] = mapped_column(String, nullable=True)
     snapshot_id: Mapped[str | None] = mapped_column(String, nullable=True)  # backend snapshot it is bound to
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RecoverySnapshotRecord(Base):
+    """A complete internal snapshot of a model's trainable state and AdamW state, taken right after the optim_step
+    with seq_id `seq_id` (no gradients pending). A restart loads the newest usable one and replays only the
+    completed requests after it (engine/recovery_state.py). Rows are written only once the files are durable."""
+
+    __tablename__ = "recovery_snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    seq_id: Mapped[int] = mapped_column(Integer)  # the optim_step it follows
+    optimizer_step: Mapped[int] = mapped_column(Integer)
+    location: Mapped[str] = mapped_column(String)  # directory in the checkpoint store
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # When the state was copied (engine clock): sampler snapshots created before it predate it.
+    taken_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

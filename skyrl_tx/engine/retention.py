@@ -1,0 +1,66 @@
+"""sweep_retention: deletes finished futures past the retention window, and recovery snapshots no longer usable.
+
+Kept, whatever their age: anything not finished; the create request of a live (pending or ready) model; every
+request of a live model from its recovery base on (engine/recovery_state.recovery_base: the snapshot a restart
+starts from, or, with none, the whole history), which also keeps its newest seq_id for ordering and its recent
+ones for idempotent retries. Old requests of live models before their base, of unloaded or failed models, and
+of no model (sampling) go. Each sweep deletes at most `batch` futures, so it never holds the engine long.
+
+Setting (environment): SKYRL_TX_FUTURES_RETENTION_HOURS (default 24).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import delete, or_, select
+
+from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus, RecoverySnapshotRecord
+from skyrl_tx.engine import recovery_state
+
+log = logging.getLogger("skyrl_tx.engine")
+
+RETENTION_HOURS = float(os.environ.get("SKYRL_TX_FUTURES_RETENTION_HOURS", "24"))
+BATCH = 500  # futures deleted per sweep at most (a sweep runs every few seconds)
+LIVE = (ModelStatus.PENDING.value, ModelStatus.READY.value)
+FINISHED = (FutureStatus.COMPLETED.value, FutureStatus.FAILED.value)
+
+
+def sweep_retention(loop: Any, retention_hours: float = RETENTION_HOURS, batch: int = BATCH) -> int:
+    """Deletes up to `batch` expired futures and the unusable recovery snapshots; returns the futures deleted."""
+    cutoff = datetime.now(timezone.utc) - timedelta(hours=retention_hours)
+    store = loop.checkpointer.store
+    ids: list[str] = []
+    with loop.sessions.begin() as db:
+        old = (FutureRecord.status.in_(FINISHED), FutureRecord.completed_at < cutoff)
+        live = select(ModelRecord.id).where(ModelRecord.status.in_(LIVE))
+        # Of no model (samples; create requests, which carry their model only in the id) or of a dead model.
+        ids += db.scalars(select(FutureRecord.id).where(
+            *old, or_(FutureRecord.model_id.is_(None), FutureRecord.model_id.not_in(live)),
+            FutureRecord.id.not_in(select(ModelRecord.id + ":create").where(ModelRecord.status.in_(LIVE))))
+            .limit(batch)).all()
+        # Of a live model, before its recovery base.
+        for model_id in db.scalars(live.where(ModelRecord.id.in_(select(RecoverySnapshotRecord.model_id)))).all():
+            if len(ids) >= batch:
+                break
+            base = recovery_state.recovery_base(db, model_id)
+            if base is None:
+                continue
+            ids += db.scalars(select(FutureRecord.id).where(
+                *old, FutureRecord.model_id == model_id, FutureRecord.seq_id < base.seq_id,
+                FutureRecord.id != f"{model_id}:create").limit(batch - len(ids))).all()
+        if ids:
+            db.execute(delete(FutureRecord).where(FutureRecord.id.in_(ids)))
+        # Snapshots of models that will never be rebuilt.
+        dead = list(db.scalars(select(RecoverySnapshotRecord).where(
+            RecoverySnapshotRecord.model_id.not_in(live)).limit(batch)))
+        for snap in dead:
+            store.delete(snap.location)
+            db.delete(snap)
+    if ids or dead:
+        log.info("retention: deleted %d futures older than %.1f h and %d recovery snapshots of unloaded models",
+                 len(ids), retention_hours, len(dead))
+    return len(ids)
