@@ -28,6 +28,9 @@ class BackendSettings:
     max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
     cuda_graphs: bool = True  # GPU: capture each decode step shape as a CUDA graph once, then replay it
     num_threads: int = 0  # engine's intra-op threads; 0: from the cores it owns (engine/threads.py)
+    # Device time kept for decoding while training also waits (engine/loop.py): after a training pass of T
+    # seconds, decode steps run for up to T * share / (1 - share) before the next pass. 0: one step per pass.
+    sampling_share: float = 0.5
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -65,6 +68,9 @@ class BackendSettings:
         return settings
 
     def validate(self) -> None:
+        if not 0.0 <= self.sampling_share < 1.0:
+            raise InvalidArgumentError(f"--backend-config: sampling_share must be in [0, 1) (the share of device time "
+                                       f"decoding keeps while training waits; got {self.sampling_share})")
         if self.num_threads < 0:
             raise InvalidArgumentError(f"--backend-config: num_threads must be >= 0 (0: chosen from the cores "
                                        f"the engine owns; got {self.num_threads})")

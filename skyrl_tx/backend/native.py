@@ -36,7 +36,8 @@ def _native_model_config(cfg: DecoderConfig):
     return native
 
 
-HOST_ONLY_SETTINGS = ("num_threads",)  # applied by the engine process (engine/threads.py), not the C++ core
+# Applied by the engine process, not the C++ core: threads (engine/threads.py), scheduling (engine/loop.py).
+HOST_ONLY_SETTINGS = ("num_threads", "sampling_share")
 
 
 def _native_backend_config(settings: BackendSettings):

@@ -5,59 +5,20 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta, timezone
 
-import pytest
 import torch
 from sqlalchemy import select
 
 from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.db import migrate
-from skyrl_tx.db.models import CheckpointRecord, FutureRecord, ModelRecord, SessionRecord, request_hash
-from skyrl_tx.db.session import make_engine, make_session_factory
+from skyrl_tx.db.models import CheckpointRecord, ModelRecord, SessionRecord
 from skyrl_tx.checkpoints.paths import TinkerPath
-from skyrl_tx.checkpoints.store import PARTIAL_MARKER, CheckpointStore
+from skyrl_tx.checkpoints.store import PARTIAL_MARKER
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
 from skyrl_tx.engine.process import done_line, parse_done_line
 from skyrl_tx.engine.snapshots import KEEP_PER_MODEL
 
-DATUM = {"input_tokens": [5, 6, 7, 8], "loss_fn_inputs": {
-    "target_tokens": {"dtype": "int64", "shape": [4], "values": [6, 7, 8, 9]},
-    "weights": {"dtype": "float32", "shape": [4], "values": [1.0, 1.0, 1.0, 1.0]}}}
-
-
-@pytest.fixture()
-def loop(tmp_path, tiny_model_dir) -> EngineLoop:
-    url = f"sqlite:///{tmp_path / 'engine.db'}"
-    migrate.upgrade(url)
-    model_dir = tiny_model_dir("tiny-qwen3")
-    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=2))
-    sessions = make_session_factory(make_engine(url))
-    checkpointer = Checkpointer(backend, CheckpointStore(str(tmp_path / "checkpoints")), sessions, model_dir)
-    return EngineLoop(backend, sessions, checkpointer, session_timeout_s=60)
-
-
-def add(loop: EngineLoop, *rows) -> None:
-    with loop.sessions.begin() as db:
-        db.add_all(rows)
-
-
-def future(fid: str, kind: str, body: dict, model_id: str | None = None, seq_id: int | None = None) -> FutureRecord:
-    return FutureRecord(id=fid, request_type=kind, request=body, request_hash=request_hash(body), model_id=model_id,
-                        seq_id=seq_id)
-
-
-def create(loop: EngineLoop, session: str, model_id: str, heartbeat: datetime | None = None) -> None:
-    add(loop, SessionRecord(id=session, last_heartbeat_at=heartbeat or datetime.now(timezone.utc)))
-    add(loop, ModelRecord(id=model_id, session_id=session, base_model="tiny-qwen3", lora_rank=4),
-        future(f"{model_id}:create", "create_model", {"model_id": model_id, "lora_rank": 4, "seed": 1,
-                                                      "train_attn": True, "train_mlp": True, "train_unembed": True}))
-    loop.step()
-
-
-def results(loop: EngineLoop) -> dict[str, FutureRecord]:
-    with loop.sessions() as db:
-        return {f.id: f for f in db.scalars(select(FutureRecord))}
+from engine_rows import DATUM, add, create, future, results
 
 
 def test_requests_of_two_models_run_in_seq_order_with_barriers(loop: EngineLoop) -> None:
@@ -117,6 +78,7 @@ def test_silent_session_loses_its_models_and_frees_the_slot(loop: EngineLoop) ->
     create(loop, "old", "old:train:0", heartbeat=stale)
     create(loop, "new", "new:train:0")
     assert loop.expire_sessions() == ["old:train:0"]
+    loop.step()  # the unload request the sweep stored
     with loop.sessions() as db:
         assert db.get(ModelRecord, "old:train:0").status == "unloaded"
         assert db.get(SessionRecord, "old").status == "expired"
@@ -177,7 +139,9 @@ def test_save_interrupted_by_an_engine_stop_is_never_listed(loop: EngineLoop) ->
     assert not os.path.exists(partial)
     # The name is free again: the next save of it succeeds and is listed.
     add(loop, future("s:train:0:1", "save_weights", {"model_id": "s:train:0", "path": str(path)}, "s:train:0", 1))
-    loop.step()
+    loop.step()  # starts the save on the background writer
+    loop.checkpointer.saves.wait()
+    loop.step()  # stores it
     assert results(loop)["s:train:0:1"].status == "completed"
     with loop.sessions() as db:
         assert db.scalar(select(CheckpointRecord.status).where(CheckpointRecord.tinker_path == str(path))) == "ready"

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.db.models import SessionRecord, SessionStatus
+from skyrl_tx.db.unload_requests import request_unloads
 from skyrl_tx.errors import NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -65,9 +66,14 @@ def session_heartbeat(body: SessionRef, db: DbDep) -> dict[str, Any]:
 
 
 @router.post("/sessions/{session_id}/finish", status_code=204)
-def finish_session(session_id: str, db: DbDep) -> Response:
+def finish_session(session_id: str, request: Request, db: DbDep) -> Response:
+    """The session ends: its models are unloaded once their accepted requests and samples are done, so their
+    adapter slots are free for the next user at once (not at the session timeout)."""
     _session(db, session_id).status = SessionStatus.EXPIRED.value
+    unloads = request_unloads(db, session_id)
     db.commit()
+    if unloads:
+        request.app.state.wake_engine()
     return Response(status_code=204)
 
 
