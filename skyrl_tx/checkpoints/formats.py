@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from skyrl_tx.checkpoints.tensor_files import TensorFile
 from skyrl_tx.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # the API imports ModelMeta from here and must not load torch (only the engine does)
@@ -29,10 +30,6 @@ def load_safetensors(raw: bytes) -> dict[str, torch.Tensor]:
     return load(raw)
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
-    from safetensors.torch import save
-
-    return save(tensors, metadata=metadata)
 
 FORMAT_VERSION = 1
 STATE_FILE = "skyrl_state.json"
@@ -48,6 +45,8 @@ TARGET_GROUPS = {"train_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                  "train_unembed": ("lm_head",)}
 
 ReadFile = Callable[[str], bytes]  # file name in the checkpoint directory → its bytes
+# A file to publish: small ones as bytes, tensors as a TensorFile streamed into the store (CheckpointStore.publish).
+FileData = bytes | TensorFile
 
 
 @dataclass(frozen=True)
@@ -90,11 +89,11 @@ def peft_adapter_config(meta: ModelMeta) -> dict[str, Any]:
             "use_rslora": False, "use_dora": False, "init_lora_weights": True, "modules_to_save": None}
 
 
-def optimizer_files(state: Any) -> dict[str, bytes]:
-    """state: the extension's OptimizerState (step, exp_avg, exp_avg_sq)."""
-    tensors = {f"exp_avg.{k}": v.contiguous() for k, v in state.exp_avg.items()}
-    tensors |= {f"exp_avg_sq.{k}": v.contiguous() for k, v in state.exp_avg_sq.items()}
-    return {OPTIMIZER_FILE: save_safetensors(tensors, metadata={"step": str(int(state.step))})}
+def optimizer_files(state: Any) -> dict[str, FileData]:
+    """state: the extension's OptimizerState (step, exp_avg, exp_avg_sq; float32 moments, saved as they are)."""
+    tensors = {f"exp_avg.{k}": v for k, v in state.exp_avg.items()}
+    tensors |= {f"exp_avg_sq.{k}": v for k, v in state.exp_avg_sq.items()}
+    return {OPTIMIZER_FILE: TensorFile(tensors, metadata={"step": str(int(state.step))})}
 
 
 def read_optimizer(read: ReadFile) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -112,24 +111,38 @@ def _safetensors_metadata(raw: bytes) -> dict[str, str]:
     return json.loads(raw[8:8 + header_len]).get("__metadata__", {}) or {}
 
 
-def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[str, bytes]:
-    """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight')."""
-    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta)),
-            ADAPTER_WEIGHTS: save_safetensors({k: v.contiguous() for k, v in peft_state.items()})}
+def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[str, FileData]:
+    """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight'; float32 masters)."""
+    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta)), ADAPTER_WEIGHTS: TensorFile(peft_state)}
 
 
-def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor]) -> dict[str, bytes]:
-    """The trainable tensors as read_weights reads them back: a PEFT adapter, or HF-named model.safetensors."""
+def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor],
+                    dtype: torch.dtype | None = None) -> dict[str, FileData]:
+    """The trainable tensors as read_weights reads them back: a PEFT adapter, or HF-named model.safetensors
+    (full fine-tuning weights written in `dtype`, the model's, when given)."""
     if meta.is_lora:
         return adapter_files(meta, state)
-    return {MODEL_WEIGHTS: save_safetensors({k: v.contiguous() for k, v in state.items()})}
+    return {MODEL_WEIGHTS: TensorFile(state, cast_to=dtype)}
 
 
-def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor]) -> dict[str, bytes]:
-    """A Hugging Face model directory: the base model's config and tokenizer files + these weights."""
-    files = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES if (base_model_dir / name).is_file()}
-    files[MODEL_WEIGHTS] = save_safetensors({k: v.contiguous() for k, v in weights.items()})
+def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor],
+                   dtype: torch.dtype | None = None) -> dict[str, FileData]:
+    """A Hugging Face model directory: the base model's config and tokenizer files + these weights (written in
+    `dtype` when given, else as they are)."""
+    files: dict[str, FileData] = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES
+                                  if (base_model_dir / name).is_file()}
+    files[MODEL_WEIGHTS] = TensorFile(weights, cast_to=dtype)
     return files
+
+
+def write_directory(out_dir: Path, files: dict[str, FileData]) -> None:
+    """Writes `files` into an existing local directory (exports that bypass the checkpoint store)."""
+    for name, data in files.items():
+        with open(out_dir / name, "wb") as out:
+            if isinstance(data, TensorFile):
+                data.write_to(out)
+            else:
+                out.write(data)
 
 
 def read_meta(read: ReadFile) -> ModelMeta:

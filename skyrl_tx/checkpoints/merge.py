@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from skyrl_tx.backend.native import PEFT_PREFIX
-from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files
+from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files, write_directory
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights
 
@@ -43,6 +43,5 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> lis
     files = hf_model_files(base_model_dir, weights)
     files["config.json"] = (json.dumps(model_config, indent=2) + "\n").encode()
     out_dir.mkdir(parents=True)
-    for name, data in files.items():
-        (out_dir / name).write_bytes(data)
+    write_directory(out_dir, files)
     return merged

@@ -13,6 +13,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from skyrl_tx.checkpoints.paths import TinkerPath
+from skyrl_tx.checkpoints.tensor_files import TensorFile
 from skyrl_tx.errors import InternalError, NotFoundError
 
 log = logging.getLogger("skyrl_tx.checkpoints")
@@ -48,17 +49,23 @@ class CheckpointStore:
         run = path.training_run_id.replace(":", "-").replace("/", "-")
         return f"{self.root}/{run}/{path.kind}/{path.name}"
 
-    def publish(self, location: str, files: Mapping[str, bytes], overwrite: bool = False) -> int:
+    def publish(self, location: str, files: Mapping[str, bytes | TensorFile], overwrite: bool = False) -> int:
         """Writes every file under a temporary name, then moves the directory into place; returns the
-        bytes written. On failure nothing is left at `location` (and the partial directory is removed)."""
+        bytes written. On failure nothing is left at `location` (and the partial directory is removed).
+        A TensorFile is streamed tensor by tensor (an object store uploads it in parts), never held whole."""
         partial = f"{location}{PARTIAL_MARKER}{uuid.uuid4().hex[:12]}"
+        written = 0
         try:
             self.fs.makedirs(partial, exist_ok=True)
             for name, data in files.items():
                 if "/" in name:
                     self.fs.makedirs(f"{partial}/{name.rsplit('/', 1)[0]}", exist_ok=True)
                 with self.fs.open(f"{partial}/{name}", "wb") as out:
-                    out.write(data)
+                    if isinstance(data, TensorFile):
+                        written += data.write_to(out)
+                    else:
+                        out.write(data)
+                        written += len(data)
             if self.fs.exists(location):
                 if not overwrite:
                     raise FileExistsError(errno.EEXIST, "checkpoint exists", location)
@@ -74,7 +81,7 @@ class CheckpointStore:
             if isinstance(exc, OSError):
                 raise StorageError(_explain(exc, self.base_url)) from exc
             raise
-        return sum(len(d) for d in files.values())
+        return written
 
     def read(self, location: str, name: str) -> bytes:
         try:

@@ -3,12 +3,18 @@
 A checkpoint row is "writing" while its files are written and becomes "ready" (listed) only after the
 store has published the complete directory; a failed save leaves it "failed" and never listed. Saving
 reads the model's state without changing it, so a failed save leaves training unaffected.
+
+A save has three parts so the slow one runs off the engine thread: begin_save (engine thread: host copies of
+the state, row claimed as "writing"), write (any thread: serialise and publish; no backend, no database) and
+end_save (engine thread: the row becomes "ready" or "failed"). Full fine-tuning weights are written in the
+model's dtype, tensor by tensor (checkpoints/tensor_files.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -22,11 +28,11 @@ from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.engine import executor
+from skyrl_tx.engine.background_saves import BackgroundSaves
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, FutureRecord, FutureStatus, ModelRecord
 from skyrl_tx.errors import ConflictError, InvalidArgumentError, NotFoundError
 
 log = logging.getLogger("skyrl_tx.engine")
-
 
 
 def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
@@ -37,18 +43,42 @@ def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
                      optimizer_step=optimizer_step)
 
 
+@dataclass
+class PendingSave:
+    """A save between begin_save and end_save: the files hold private host copies of the saved state."""
+
+    model_id: str
+    path: TinkerPath
+    record_id: int
+    files: dict[str, formats.FileData]
+    overwrite: bool
+
+
 class Checkpointer:
-    """Used only from the engine thread (it calls the backend)."""
+    """Used only from the engine thread (it calls the backend), except `write`, which the save worker runs."""
 
     def __init__(self, backend: Any, store: CheckpointStore, sessions: sessionmaker[Session], model_dir: Path):
         self.backend = backend
         self.store = store
         self.sessions = sessions
         self.model_dir = Path(model_dir)
+        self.saves = BackgroundSaves()
 
     # ---- saving -----------------------------------------------------------------------------------
     def save(self, request: dict[str, Any]) -> dict[str, Any]:
-        """request: {model_id, path (tinker://...), overwrite?, ttl_seconds?, user_metadata?}."""
+        """The whole save on the calling thread. request: {model_id, path (tinker://...), overwrite?,
+        ttl_seconds?, user_metadata?}."""
+        pending = self.begin_save(request)
+        try:
+            size = self.write(pending)
+        except BaseException as exc:
+            self.end_save(pending, None, exc)
+            raise
+        return self.end_save(pending, size, None)
+
+    def begin_save(self, request: dict[str, Any]) -> PendingSave:
+        """Engine thread: copies the model's state to host memory and claims the checkpoint row ("writing").
+        After it returns, the model may change: the save writes the copies."""
         path = TinkerPath.parse(request["path"])
         model_id = request["model_id"]
         with self.sessions() as db:
@@ -58,30 +88,46 @@ class Checkpointer:
             meta = model_meta(model)
         files, meta = self._files(path.kind, model_id, meta)
         record_id = self._begin(path, meta, request)
-        try:
-            size = self.store.publish(self.store.location(path), files, overwrite=bool(request.get("overwrite")))
-        except BaseException:
-            with self.sessions.begin() as db:
-                db.get(CheckpointRecord, record_id).status = CheckpointStatus.FAILED.value
-            raise
-        with self.sessions.begin() as db:
-            row = db.get(CheckpointRecord, record_id)
-            row.status, row.size_bytes = CheckpointStatus.READY.value, size
-        log.info("saved checkpoint %s (%d bytes)", path, size)
-        return {"path": str(path)}
+        return PendingSave(model_id, path, record_id, files, bool(request.get("overwrite")))
 
-    def _files(self, kind: str, model_id: str, meta: ModelMeta) -> tuple[dict[str, bytes], ModelMeta]:
+    def write(self, pending: PendingSave) -> int:
+        """Any thread: serialises and publishes the files (complete or not at all). Returns the bytes written."""
+        return self.store.publish(self.store.location(pending.path), pending.files, overwrite=pending.overwrite)
+
+    def end_save(self, pending: PendingSave, size: int | None, error: BaseException | None) -> dict[str, Any]:
+        """Engine thread: lists the checkpoint (row "ready") once written, or marks it "failed" and raises."""
+        pending.files.clear()  # the host copies are no longer needed
+        with self.sessions.begin() as db:
+            row = db.get(CheckpointRecord, pending.record_id)
+            if error is not None:
+                row.status = CheckpointStatus.FAILED.value
+            else:
+                row.status, row.size_bytes = CheckpointStatus.READY.value, size
+        if error is not None:
+            log.warning("saving checkpoint %s failed: %s", pending.path, error)
+            raise error
+        log.info("saved checkpoint %s (%d bytes)", pending.path, size)
+        return {"path": str(pending.path)}
+
+    def _files(self, kind: str, model_id: str, meta: ModelMeta) -> tuple[dict[str, formats.FileData], ModelMeta]:
         state = self.backend.trainable_state(model_id)  # float32 CPU copies: PEFT names or HF names
+        dtype = self.model_dtype()  # full fine-tuning weights are saved in the model's dtype, not upcast
         if kind == "weights":
             optimizer = self.backend.optimizer_state(model_id)
             meta = dataclasses.replace(meta, optimizer_step=int(optimizer.step))
-            files = formats.trainable_files(meta, state) | formats.optimizer_files(optimizer)
+            files = formats.trainable_files(meta, state, dtype) | formats.optimizer_files(optimizer)
         elif meta.is_lora:  # sampler / external: what PEFT loads as is
             files = formats.adapter_files(meta, state)
         else:
-            files = formats.hf_model_files(self.model_dir, state)
+            files = formats.hf_model_files(self.model_dir, state, dtype)
         files[formats.STATE_FILE] = formats.json_bytes(meta.to_json())
         return files, meta
+
+    def model_dtype(self) -> Any:
+        """The torch dtype the backend computes in (its BackendSettings.dtype; float32 if it has none)."""
+        import torch
+
+        return getattr(torch, getattr(getattr(self.backend, "settings", None), "dtype", "float32"))
 
     def _begin(self, path: TinkerPath, meta: ModelMeta, request: dict[str, Any]) -> int:
         """Claims the (model, kind, name) row as "writing"; an existing ready one needs overwrite."""
@@ -156,6 +202,9 @@ class Checkpointer:
             for row in db.scalars(select(CheckpointRecord).where(
                     CheckpointRecord.status == CheckpointStatus.WRITING.value)):
                 row.status = CheckpointStatus.FAILED.value
+                # The engine may have died after the directory was published but before the row said so:
+                # unlisted, it would only make the save that runs again find its name taken.
+                self.store.delete(row.storage_uri)
                 log.info("checkpoint %s was interrupted while writing; it is not listed", row.tinker_path)
         removed = self.store.sweep_partials()
         if removed:
