@@ -4,30 +4,43 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from skyrl_tx.db import future_queries
+from skyrl_tx.db import future_queries, unload_requests
 from skyrl_tx.db.future_queries import FutureOutcome, FutureRow, Notify
 from skyrl_tx.db.session import bound_engine
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
                                 SessionRecord, SessionStatus)
-from skyrl_tx.engine import executor, replay, snapshots
+from skyrl_tx.engine import executor, recovery_state, replay, snapshots
 from skyrl_tx.engine.checkpointing import Checkpointer
-from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError, UnimplementedError
+from skyrl_tx.errors import ConflictError, ErrorCode, NotFoundError, SkyrlTxError, UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
 
 TRAIN_TYPES = ("forward_backward", "forward")  # batched across models; everything else is a per-model barrier
-# A model's requests run in seq_id order. A missing seq_id is waited for this long: a request the API
-# rejected at the edge consumed its seq_id without ever being stored, and must not stall the model.
-GAP_WAIT_S = 5.0
+# A model's requests run in seq_id order, and a missing seq_id is never skipped: every request the API rejects
+# after reading its seq_id is stored as a failed future (api/submit.py), so a gap is always a request still on its
+# way (a slow upload). It is waited for until its session expires; then the requests queued behind it fail.
+GAP_LOG_EVERY_S = 30.0  # how often a model still waiting for a missing seq_id says so in the log
+# Training and sampling share the device: after a training pass of T s, decoding is owed T * share / (1 - share)
+# s (backend-config sampling_share), paid before the next pass, so that neither starves the other.
+DEFAULT_SAMPLING_SHARE = 0.5
+MAX_DECODE_CREDIT_S = 10.0  # bounds what one very long training pass can make the next one wait
+DECODE_SLICE_S = 0.05  # decode this long at most between scans, so new samples join the running batch
 MAX_ATTEMPTS = 3  # engine crashes a single request may cause before it is failed instead of retried
+
+
+def _writes_files(f: FutureRow) -> bool:
+    """Saves that write a checkpoint directory (an unnamed sampler snapshot lives in memory only)."""
+    return f.request_type in ("save_weights", "save_weights_external") or (
+        f.request_type == "save_weights_for_sampler" and not f.request.get("sampling_session_id"))
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -49,36 +62,30 @@ class EngineLoop:
         self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
         self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
+        self._gaps: dict[str, tuple[int, float]] = {}  # model id → (missing seq_id, when it was last logged)
         self.had_pending = True  # whether the last scan left requests it could not run yet
+        settings = getattr(backend, "settings", None)
+        self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
+        self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
 
     def expire_sessions(self) -> list[str]:
-        """Sessions silent past the timeout lose their models, so their adapter slots can be reused.
-        Returns the unloaded model ids. A model still serving samples is retried on the next sweep."""
+        """Sessions silent past the timeout end like finished ones: each live model gets an unload request
+        (db/unload_requests.py), which runs after the model's queued work and once its samples are done, so its
+        adapter slot can be reused. Returns the model ids asked to unload."""
         cutoff = datetime.now(timezone.utc).timestamp() - self.session_timeout_s
-        unloaded = []
+        asked = []
         with self.sessions.begin() as db:
             for session in db.scalars(select(SessionRecord).where(SessionRecord.status == SessionStatus.ACTIVE.value)):
                 if session.last_heartbeat_at.timestamp() >= cutoff:
                     continue
-                models = db.scalars(select(ModelRecord).where(ModelRecord.session_id == session.id,
-                                                             ModelRecord.status == ModelStatus.READY.value))
-                busy = False
-                for model in models:
-                    try:
-                        self.backend.remove_model(model.id)
-                    except ConflictError:  # still serving samples: unload on a later sweep
-                        busy = True
-                        continue
-                    except NotFoundError:  # never made it into the backend
-                        pass
-                    model.status = ModelStatus.UNLOADED.value
-                    unloaded.append(model.id)
-                if not busy:
-                    session.status = SessionStatus.EXPIRED.value
-        for model_id in unloaded:
-            log.info("session timeout: unloaded model %s", model_id)
+                session.status = SessionStatus.EXPIRED.value
+                asked += unload_requests.request_unloads(db, session.id)
+        for model_id in asked:
+            log.info("session timeout: model %s will be unloaded", model_id)
+        if asked:
+            self.had_pending = True  # the unload requests just stored need a scan
         self.checkpointer.expire()
-        return unloaded
+        return asked
 
     def recover(self) -> None:
         """At start, on a fresh backend: a future left "running" by a dead engine left no trace (results and
@@ -96,6 +103,7 @@ class EngineLoop:
                 else:
                     f.status = FutureStatus.PENDING.value
                     log.info("request %s was interrupted by an engine stop; it runs again", f.id)
+        recovery_state.snapshotter(self).remove_orphans()
         replay.rebuild_models(self)
 
     def step(self, scan_pending: bool = True) -> bool:
@@ -107,10 +115,10 @@ class EngineLoop:
                 pending = list(db.execute(future_queries.PENDING))
         ran = 0
         by_model: dict[str, list[FutureRow]] = defaultdict(list)
+        creates = []
         for f in pending:
             if f.request_type == "create_model":
-                self._run_single(f, self._create_model)
-                ran += 1
+                creates.append(f)
             elif f.request_type == "sample":
                 self._submit_sample(f)
                 ran += 1
@@ -119,7 +127,18 @@ class EngineLoop:
         for model_id, queue in by_model.items():
             queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
             by_model[model_id] = self._in_order(model_id, queue)
-        ran += self._run_training(by_model)
+        ran += self._run_saves(by_model)  # stores finished saves; starts new ones; a saving model's queue waits
+        ran += self._run_unloads(by_model)  # first: a closed session's slots are free for the creates below
+        for f in creates:
+            self._run_single(f, self._create_model)
+            ran += 1
+        if self._decode_credit_s <= 0 or not self._sampling:  # else decoding is owed time: training waits
+            started = time.perf_counter()
+            trained = self._run_training(by_model)
+            if trained:
+                owed = (time.perf_counter() - started) * self.sampling_share / (1.0 - self.sampling_share)
+                self._decode_credit_s = min(self._decode_credit_s + owed, MAX_DECODE_CREDIT_S)
+            ran += trained
         for queue in by_model.values():
             barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
             if barrier is not None and queue[0] is barrier:
@@ -129,26 +148,96 @@ class EngineLoop:
             # Requests left waiting (behind a barrier that just ran, or a seq_id gap) need another scan; when
             # everything found ran, only a wake-up (a new request) does.
             self.had_pending = ran < len(pending)
-        return self._advance_sampling() or ran > 0
+        return self._decode() or ran > 0
 
     def _in_order(self, model_id: str, queue: list[FutureRow]) -> list[FutureRow]:
         """The prefix of a model's sorted queue that may run now: no seq_id before it is still missing."""
         last = self._last_seq.get(model_id)
-        if last is None:
+        if last is None:  # the engine runs a model's requests in order: its newest completed one marks progress
             with self.sessions() as db:
-                done = db.scalars(select(FutureRecord.seq_id).where(
-                    FutureRecord.model_id == model_id, FutureRecord.seq_id.is_not(None),
-                    FutureRecord.status.in_([FutureStatus.COMPLETED.value, FutureStatus.FAILED.value]))).all()
-            last = self._last_seq[model_id] = max(done, default=0)
+                last = db.scalar(select(func.max(FutureRecord.seq_id)).where(
+                    FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value)) or 0
+            last = self._last_seq[model_id] = self._finished_through(model_id, last)
         runnable = []
-        now = datetime.now(timezone.utc)
-        for f in queue:
-            if f.seq_id is not None and f.seq_id > last + 1 and (now - f.created_at).total_seconds() < GAP_WAIT_S:
-                break  # an earlier request of this model has not arrived yet
+        for i, f in enumerate(queue):
+            if f.seq_id is not None and f.seq_id > last + 1:
+                # The API may have stored the missing ones as failed (rejected at its edge): read them once.
+                last = self._last_seq[model_id] = self._finished_through(model_id, last)
+                if f.seq_id > last + 1:
+                    unload = next((u for u in queue[i:] if u.request_type == "unload_model"), None)
+                    if unload is not None:  # the model ends (unload, closed session): what waits cannot run
+                        self._fail_blocked(model_id, last + 1, [b for b in queue[i:] if b is not unload])
+                        runnable.append(unload)
+                        break
+                    self._log_gap(model_id, last + 1, f)
+                    break  # an earlier request of this model has not arrived yet
             runnable.append(f)
             if f.seq_id is not None:
                 last = f.seq_id
+        if runnable or model_id not in self._gaps or self._gaps[model_id][0] <= last:
+            self._gaps.pop(model_id, None)
         return runnable
+
+    def _finished_through(self, model_id: str, last: int) -> int:
+        """`last` advanced over the model's finished (completed or failed) seq_ids that follow it without a gap."""
+        with self.sessions() as db:
+            done = db.scalars(select(FutureRecord.seq_id).where(
+                FutureRecord.model_id == model_id, FutureRecord.seq_id > last,
+                FutureRecord.status.in_([FutureStatus.COMPLETED.value, FutureStatus.FAILED.value]))).all()
+        for seq_id in sorted(done):
+            if seq_id != last + 1:
+                break
+            last = seq_id
+        return last
+
+    def _log_gap(self, model_id: str, missing: int, waiting: FutureRow) -> None:
+        now = datetime.now(timezone.utc).timestamp()
+        seen = self._gaps.get(model_id)
+        if seen is not None and seen[0] == missing and now - seen[1] < GAP_LOG_EVERY_S:
+            return
+        self._gaps[model_id] = (missing, now)
+        log.warning("model %s: request seq_id %d has not arrived; seq_id %d and later wait for it (for %.0f s so "
+                    "far; until the session expires)", model_id, missing, waiting.seq_id,
+                    now - waiting.created_at.timestamp())
+
+    def _fail_blocked(self, model_id: str, missing: int, blocked: list[FutureRow]) -> None:
+        """Fails requests that waited behind a seq_id that will never arrive (their model is being unloaded)."""
+        error = {"category": "user", "code": ErrorCode.CONFLICT.value,
+                 "message": f"model {model_id} was unloaded (or its session finished or expired) while this request "
+                            f"waited for request seq_id {missing}, which never arrived; it did not run"}
+        log.warning("model %s: %d request(s) waiting for seq_id %d failed: the model is being unloaded",
+                    model_id, len(blocked), missing)
+        self._gaps.pop(model_id, None)
+        if blocked:
+            self._finish_many([(f, None, error) for f in blocked])
+
+    def _run_unloads(self, by_model: dict[str, list[FutureRow]]) -> int:
+        """Unloads every model whose queue starts with its unload request. A model still serving samples keeps
+        its unload pending (retried on a later step), so a closed session's in-flight samples complete first."""
+        ran = 0
+        for model_id, queue in by_model.items():
+            if not queue or queue[0].request_type != "unload_model":
+                continue
+            try:
+                self.backend.remove_model(model_id)
+            except ConflictError:  # still serving samples
+                continue
+            except NotFoundError:  # never made it into the backend (or already gone)
+                pass
+            self._run_single(queue.pop(0), self._mark_unloaded)
+            ran += 1
+        return ran
+
+    def _mark_unloaded(self, f: FutureRow) -> dict[str, Any]:
+        with self.sessions.begin() as db:
+            db.get(ModelRecord, f.model_id).status = ModelStatus.UNLOADED.value
+        self._gaps.pop(f.model_id, None)
+        return {"model_id": f.model_id}
+
+    def waiting_for(self, model_id: str) -> int | None:
+        """The missing seq_id a model's queued requests wait for, if any (for status reporting)."""
+        gap = self._gaps.get(model_id)
+        return gap[0] if gap else None
 
     # ---- training ------------------------------------------------------------------------------
     def _run_training(self, by_model: dict[str, list[FutureRow]]) -> int:
@@ -165,12 +254,13 @@ class EngineLoop:
             self._mark_running(futures)
             run = self.backend.forward_backward if kind == "forward_backward" else self.backend.forward
             try:
-                results = run([executor.train_request(f.request) for f in futures])
+                results = run(executor.train_requests(self.database, futures))
             except Exception:  # noqa: BLE001 - the backend validates everything before computing anything,
                 # so a failed batch changed nothing: rerun one by one to pin the error on its request.
                 for f in futures:
-                    self._run_single(f, lambda r: executor.train_result(run([executor.train_request(r.request)])[0]),
-                                     already_running=True)
+                    self._run_single(
+                        f, lambda r: executor.train_result(run(executor.train_requests(self.database, [r]))[0]),
+                        already_running=True)
                 continue
             self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
         return sum(len(futures) for futures in batch.values())
@@ -178,18 +268,17 @@ class EngineLoop:
     def _barrier(self, f: FutureRow) -> dict[str, Any]:
         request = f.request
         if f.request_type == "optim_step":
-            return {"metrics": self.backend.optim_step(request["model_id"], executor.adam_params(request))}
+            metrics = self.backend.optim_step(request["model_id"], executor.adam_params(request))
+            # No gradients are pending right after a step: the moment for a recovery snapshot (copied here,
+            # written on a background thread; see engine/recovery_state.py). It never raises.
+            recovery_state.snapshotter(self).after_optim_step(request["model_id"], f.seq_id)
+            return {"metrics": metrics}
         if f.request_type == "save_weights_for_sampler":
             return self._save_for_sampler(f)
         if f.request_type in ("save_weights", "save_weights_external"):
             return {**self.checkpointer.save(request), "type": f.request_type}
         if f.request_type == "load_weights":
             return self.checkpointer.load_into(request["model_id"], request["path"], bool(request["optimizer"]))
-        if f.request_type == "unload_model":
-            self.backend.remove_model(request["model_id"])
-            with self.sessions.begin() as db:
-                db.get(ModelRecord, request["model_id"]).status = ModelStatus.UNLOADED.value
-            return {"model_id": request["model_id"]}
         raise UnimplementedError(f"{f.request_type}: not supported by this server yet")
 
     def _save_for_sampler(self, f: FutureRow) -> dict[str, Any]:
@@ -212,8 +301,80 @@ class EngineLoop:
             snapshots.release_old_snapshots(self.backend, db, model.id)
         return {"sampling_session_id": snapshot_id}
 
+    # ---- background saves (engine/background_saves.py) ---------------------------------------------
+    # A save that writes files takes host copies of the model's state on this thread, then serialises, writes and
+    # uploads them on the save worker, so other models' training and all sampling go on meanwhile. The saving
+    # model's later requests wait until the save is stored, although the copy already makes them safe for the
+    # files: were they to run first, an engine crash during the write would rerun the save after them on
+    # restart (replay rebuilds completed requests only) and save newer state under the old name.
+    def _run_saves(self, by_model: dict[str, list[FutureRow]]) -> int:
+        """Stores the saves that finished writing, then starts the file saves at the head of a model's queue.
+        Returns how many queued requests it started."""
+        self._store_finished_saves()
+        started = 0
+        for model_id, queue in by_model.items():
+            if self.checkpointer.saves.busy(model_id):
+                queue.clear()  # this model waits for its save
+                continue
+            first = next((i for i, f in enumerate(queue) if _writes_files(f)), None)
+            if first is None:
+                continue
+            if first > 0:  # what precedes the save runs in this step; the save starts in the next one
+                del queue[first:]
+                continue
+            f = queue.pop(0)
+            queue.clear()
+            self._start_save(f)
+            started += 1
+        return started
+
+    def _start_save(self, f: FutureRow) -> None:
+        self._mark_running([f])
+        request = f.request
+        try:
+            pending = self.checkpointer.begin_save(request)
+            if f.request_type == "save_weights_for_sampler":  # named: also frozen in memory, from this moment
+                snapshot_id = request["path"]
+                if self.backend.has_snapshot(snapshot_id):  # an overwrite: the old frozen weights are stale
+                    self.backend.remove_snapshot(snapshot_id)
+                self.backend.snapshot(request["model_id"], snapshot_id)
+                with self.sessions() as db:
+                    snapshots.release_old_snapshots(self.backend, db, request["model_id"])
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
+            if not isinstance(exc, SkyrlTxError):
+                log.exception("request %s (%s) failed", f.id, f.request_type)
+            self._finish(f, error=_error(exc))
+            return
+        self.checkpointer.saves.submit(f.model_id or request["model_id"], (f, pending),
+                                       lambda: self.checkpointer.write(pending))
+
+    def _store_finished_saves(self) -> int:
+        """The futures of saves whose files are completely written (or failed) complete now, in one batch."""
+        done = []
+        for (f, pending), size, error in self.checkpointer.saves.finished():
+            try:
+                result = self.checkpointer.end_save(pending, size, error)
+            except Exception as exc:  # noqa: BLE001
+                if f.request_type == "save_weights_for_sampler" and self.backend.has_snapshot(str(pending.path)):
+                    try:  # not saved: its path must not sample weights that were never listed
+                        self.backend.remove_snapshot(str(pending.path))
+                    except ConflictError:
+                        pass
+                done.append((f, None, _error(exc)))
+                continue
+            if f.request_type != "save_weights_for_sampler":
+                result = {**result, "type": f.request_type}
+            done.append((f, result, None))
+        if done:
+            self._finish_many(done)
+        return len(done)
+
     def _create_model(self, f: FutureRow) -> dict[str, Any]:
         model_id = f.request["model_id"]
+        with self.sessions() as db:
+            if db.get(ModelRecord, model_id).status == ModelStatus.UNLOADED.value:  # its session ended first
+                raise ConflictError(f"create_model: model {model_id} was unloaded (its session finished or "
+                                    "expired) before it was created; create it in a new session")
         try:
             result = self.create_in_backend(f.request)
         except Exception:
@@ -258,6 +419,20 @@ class EngineLoop:
             self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f
         except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
             self._finish(f, error=_error(exc))
+
+    def _decode(self) -> bool:
+        """One decode step, then more while decoding is owed device time by the training passes before it (the
+        sampling_share), in slices of at most DECODE_SLICE_S so that new samples join the batch between them."""
+        if not self._sampling:
+            self._decode_credit_s = 0.0  # nothing to decode: training owes nobody
+            return False
+        deadline = time.perf_counter() + DECODE_SLICE_S
+        while True:
+            started = time.perf_counter()
+            self._advance_sampling()
+            self._decode_credit_s = max(self._decode_credit_s - (time.perf_counter() - started), 0.0)
+            if self._decode_credit_s <= 0 or not self._sampling or time.perf_counter() >= deadline:
+                return True
 
     def _advance_sampling(self) -> bool:
         if not self._sampling:
@@ -305,6 +480,5 @@ class EngineLoop:
             status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
             outcomes.append(FutureOutcome(f.id, status, f.request_type, result, error))
         with self.database.begin() as db:
-            db.execute(future_queries.FINISH, [{"id_": o.id, "status_": o.status, "result_": o.result,
-                                                "error_": o.error, "now": now} for o in outcomes])
+            db.execute(future_queries.FINISH, future_queries.finish_params(outcomes, now))
         self.notify(outcomes)

@@ -32,6 +32,7 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
                on_ready: Callable[[], None] = lambda: None) -> None:
     """Recovers (rebuilding models from the request log), then runs steps until `stop` is set.
     A failing step is logged and the loop goes on: its requests already carry their errors."""
+    loop.checkpointer.saves.on_done = wake.set  # a save written on the worker is stored at the next step
     loop.recover()
     on_ready()
     next_sweep = time.monotonic() + SWEEP_EVERY_S
