@@ -1,4 +1,5 @@
-"""Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT) and `... api` (API overhead)."""
+"""Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT), `... api` (API overhead) and
+`... shared-cpu` (step latency beside a busy process, per thread policy)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from skyrl_tx.bench import workloads as wl
 from skyrl_tx.bench.configs import CONFIGS, default_config
+from skyrl_tx.engine.threads import choose_threads
 
 
 def _cpu_name() -> str:
@@ -29,7 +31,8 @@ def _compute_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--config", choices=sorted(CONFIGS),
                    help="model + workload sizes (default: cpu, or qwen3-0.6b on GPU)")
-    p.add_argument("--threads", type=int, help="torch threads for both sides (default: torch's default)")
+    p.add_argument("--threads", type=int,
+                   help="torch threads for both sides (default: the engine's choice, skyrl_tx/engine/threads.py)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per side and workload")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per side and workload (median reported)")
     p.add_argument("--workloads", nargs="+", choices=wl.WORKLOADS,
@@ -55,7 +58,12 @@ def run_compute(argv: list[str]) -> dict:
     cuda = args.device != "cpu"
     if cuda and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: no CUDA device is visible to torch")
-    threads = args.threads or torch.get_num_threads()
+    if args.threads:
+        threads, threads_policy = args.threads, "--threads"
+    else:  # what an engine on this host and device would run
+        choice = choose_threads(args.device)
+        threads = choice.intra_op or torch.get_num_threads()
+        threads_policy = f"{choice.source}: {choice.reason}"
     device_name = torch.cuda.get_device_name(torch.device(args.device)) if cuda else _cpu_name()
     peaks = device_peaks(device_name, args.peak_tflops and args.peak_tflops * 1e12,
                          args.peak_bandwidth_tbs and args.peak_bandwidth_tbs * 1e12)
@@ -66,7 +74,8 @@ def run_compute(argv: list[str]) -> dict:
     workloads = tuple(args.workloads or wl.default_workloads(args.device))
     raw = run_all(RunOptions(cfg, path, args.device, threads, args.warmup, args.reps, workloads,
                              backend_config=args.backend_config))
-    meta = {"device": args.device, "device_name": device_name, "threads": threads, "torch": torch.__version__,
+    meta = {"device": args.device, "device_name": device_name, "threads": threads, "threads_policy": threads_policy,
+            "torch": torch.__version__,
             "backend_config": json.loads(args.backend_config),
             "warmup": args.warmup, "reps": args.reps,
             "peak_flops": peaks.flops or 0.0, "peak_bandwidth_bytes_per_s": peaks.bandwidth or 0.0}
@@ -75,7 +84,8 @@ def run_compute(argv: list[str]) -> dict:
     if not peaks.bandwidth:
         del meta["peak_bandwidth_bytes_per_s"]
     report = build_report(raw, cfg, shape, peaks, meta)
-    print(f"\nskyrl_tx vs HF+PEFT on {device_name} ({args.device}, {threads} threads), model {cfg.name} "
+    print(f"\nskyrl_tx vs HF+PEFT on {device_name} ({args.device}, {threads} threads: {threads_policy}), "
+          f"model {cfg.name} "
           f"({shape.matmul_params / 1e6:.1f}M matmul params, {cfg.dtype}); median of {args.reps}\n")
     print(format_table(report))
     if args.json:
@@ -90,6 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tx.bench.api import run_api
 
         run_api(argv[1:])
+        return
+    if argv and argv[0] == "shared-cpu":
+        from skyrl_tx.bench.shared_cpu import run_shared_cpu
+
+        run_shared_cpu(argv[1:])
         return
     if argv and argv[0] == "compute":
         argv = argv[1:]

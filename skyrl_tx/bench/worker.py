@@ -15,6 +15,8 @@ import resource
 import sys
 import time
 
+from skyrl_tx.engine.threads import POLICY_ENV, wait_env
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="sampling: tokens per sequence override")
     parser.add_argument("--backend-config", default="{}", help="skyrl_tx side: extra BackendSettings (JSON)")
     args = parser.parse_args(argv)
+    if os.environ.get(POLICY_ENV) != "torch":  # as in the engine: OpenMP threads sleep, read when torch loads
+        os.environ.update(wait_env(os.environ))
 
     import torch
 

@@ -1,0 +1,34 @@
+"""Smoke test of `python -m skyrl_tx.bench shared-cpu` (two steps per load): both thread policies report step
+p50/p90 idle and beside a busy process, and which threads the engine ran. No timing assertions: the harness only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TIMEOUT_S = 600
+
+
+def test_shared_cpu_benchmark_reports_both_policies(tmp_path: Path, preset_cache: Path) -> None:
+    out = tmp_path / "report.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the bench removes it from its servers: their policy decides
+    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "shared-cpu", "--rounds", "1", "--steps", "2",
+                           "--warmup", "0", "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"torch", "fit"}
+    for name, policy in report["policies"].items():
+        for load in ("idle", "busy"):
+            entry = policy[load]
+            assert entry["steps"] == 2 and len(entry["steps_s"]) == 2, (name, load, entry)
+            assert 0 < entry["p50_s"] <= entry["p90_s"], (name, load, entry)
+        assert policy["busy_p90_over_p50"] >= 1 and policy["busy_over_idle_p50"] > 0
+        assert isinstance(policy["met"], bool)
+    assert report["policies"]["torch"]["engine_threads"].startswith("torch defaults")
+    cores = len(os.sched_getaffinity(0))
+    assert f"intra-op {max(1, cores - 1)}, inter-op 1 (default: " in report["policies"]["fit"]["engine_threads"]
+    assert "target: busy p90" in proc.stdout
