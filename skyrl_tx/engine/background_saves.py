@@ -10,6 +10,7 @@ an idle engine wakes at once instead of at its next idle poll.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,9 +21,19 @@ log = logging.getLogger("skyrl_tx.engine")
 SAVE_WORKERS = 1  # one save at a time: host copies waiting in the queue are the only extra memory
 
 
+def _yield_to_the_engine() -> None:
+    """The writer runs at a lower CPU priority than the engine thread (Linux nice values are per thread): on a
+    machine with few cores, serialising a checkpoint must not slow every user's decode steps."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+    except (AttributeError, OSError):  # not Linux, or not permitted: the write still runs, at normal priority
+        pass
+
+
 class BackgroundSaves:
     def __init__(self, workers: int = SAVE_WORKERS):
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="skyrl-tx-saves")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="skyrl-tx-saves",
+                                        initializer=_yield_to_the_engine)
         self._lock = threading.Lock()
         self._running: dict[Future[Any], tuple[str, Any]] = {}  # job → (model id, the caller's token)
         self._done: list[tuple[str, Any, Any, BaseException | None]] = []  # ended, not yet polled

@@ -4,7 +4,6 @@ its save, a checkpoint is listed only once completely written, and full fine-tun
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 from datetime import datetime, timezone
@@ -33,16 +32,22 @@ STEP_LIMIT = 20_000  # a bound on every stepping loop below, so a hang fails ins
 
 
 class SlowStore(CheckpointStore):
-    """A store whose uploads wait for `ready` (a slow bucket): a save stays in flight as long as a test needs."""
+    """A local store that uploads like a remote bucket: `ready` holds an upload back as long as a test needs, and
+    `bytes_per_s` (when set) makes it take as long as at that bandwidth."""
 
     def __init__(self, base_url: str):
         super().__init__(base_url)
         self.ready = threading.Event()
         self.ready.set()
+        self.bytes_per_s: float | None = None
 
     def publish(self, *args, **kwargs) -> int:
         assert self.ready.wait(60)
-        return super().publish(*args, **kwargs)
+        started = time.perf_counter()
+        size = super().publish(*args, **kwargs)
+        if self.bytes_per_s:
+            time.sleep(max(0.0, size / self.bytes_per_s - (time.perf_counter() - started)))
+        return size
 
 
 def make_loop(tmp_path: Path, model_dir: Path, **settings) -> EngineLoop:
@@ -145,7 +150,7 @@ def model_100mb(tmp_path_factory) -> Path:
 def sampling_seconds(loop: EngineLoop, tag: str, save: TinkerPath | None) -> float:
     """Wall time for 16 sampling requests of user "b" to finish, with user "a" saving at the same moment."""
     body = {"prompt_tokens": [1, 2, 3, 4, 5, 6, 7, 8], "num_samples": 1, "weights_id": "",
-            "sampling_params": {"max_tokens": 16, "temperature": 1.0}}
+            "sampling_params": {"max_tokens": 48, "temperature": 1.0}}
     rows = [future(f"{tag}:{i}", "sample", {**body, "sampling_params": {**body["sampling_params"], "seed": i}})
             for i in range(16)]
     if save is not None:
@@ -160,10 +165,13 @@ def sampling_seconds(loop: EngineLoop, tag: str, save: TinkerPath | None) -> flo
 
 def test_another_users_sampling_keeps_its_throughput_while_a_100mb_model_is_saved(tmp_path, model_100mb):
     loop = make_loop(tmp_path, model_100mb)
+    # Uploaded at 100 MB/s, as to a bucket: ~1.2 s per save. (On a local disk the write takes ~0.3 s here; on the
+    # engine loop, as before, a save at this bandwidth cut the other user's throughput to ~0.6 of its rate.)
+    loop.checkpointer.store.bytes_per_s = 100e6
     create_full(loop, "a", "a:train:0", "tiny-qwen3-100mb")
     sampling_seconds(loop, "warm", None)  # first decode steps allocate the KV cache
     alone, with_save = [], []
-    for round_ in range(1, 4):  # interleaved, so a busy machine slows both sides alike
+    for round_ in range(1, 6):  # interleaved, so a busy machine slows both sides alike
         alone.append(sampling_seconds(loop, f"alone{round_}", None))
         path = TinkerPath("a:train:0", "weights", f"step_{round_}")
         with_save.append(sampling_seconds(loop, f"save{round_}", path))
@@ -173,7 +181,7 @@ def test_another_users_sampling_keeps_its_throughput_while_a_100mb_model_is_save
         assert checkpoint_status(loop, path) == "ready"
     size = sum(loop.checkpointer.store.files(loop.checkpointer.store.location(path)).values())
     assert size > 100e6  # the save really wrote a ~100 MB checkpoint
-    ratio = statistics.median(alone) / statistics.median(with_save)
+    ratio = min(alone) / min(with_save)  # best of five: other processes on a shared machine only add time
     print(f"sampling throughput while saving {size / 1e6:.0f} MB: {ratio:.2f} of its rate without the save "
           f"(alone {alone}, with the save {with_save})")
     assert ratio >= 0.8
