@@ -58,10 +58,13 @@ class Backend {
   void remove_model(const std::string& model_id);
   /// One pass over requests of any models and losses, split into token-budgeted micro-batches;
   /// gradients accumulate per model until optim_step. Throws InvalidArgument / NotFound before any compute.
+  /// All-or-nothing: if a micro-batch fails while computing (out of memory, a device error), the error
+  /// propagates and every model's accumulated gradients are exactly as before the call.
   std::vector<batching::TrainResult> forward_backward(const std::vector<batching::TrainRequest>& requests);
   /// Same outputs as forward_backward, without gradients or any other side effect.
   std::vector<batching::TrainResult> forward(const std::vector<batching::TrainRequest>& requests);
-  /// AdamW on one model's accumulated gradients, then zeroes them. Returns grad_norm, learning_rate, step.
+  /// AdamW on one model's accumulated gradients, then frees them (read back as zeros). Returns grad_norm,
+  /// learning_rate, step.
   std::map<std::string, double> optim_step(const std::string& model_id, const optim::AdamParams& params);
   /// The model's trainable tensors (LoRA factors by "<module>.lora_A.weight", or HF names for full
   /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.

@@ -3,6 +3,11 @@
 
 #include <c10/core/GradMode.h>
 
+#include <optional>
+#include <set>
+
+#include "backend/fault_injection.h"
+#include "backend/grad_transaction.h"
 #include "backend/micro_batch.h"
 #include "common/dtype.h"
 #include "common/errors.h"
@@ -74,14 +79,13 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
 std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::AdamParams& params) {
   std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
   std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params);
-  c10::NoGradGuard no_grad;
+  // Freed rather than zeroed: the next batch then accumulates into fresh buffers with nothing to set aside
+  // (see GradTransaction), and a model between steps holds no gradient memory.
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
-    for (auto& t : tensors) {
-      if (t.grad.defined()) t.grad.zero_();
-    }
+    for (const auto& [name, tensor] : it->second->named_parameters()) tensor.mutable_grad() = at::Tensor();
   } else {
     const int64_t slot = registry_.slot_of(model_id);
-    for (const auto& m : model_->lora_modules()) m.module->zero_slot_grad(slot);
+    for (const auto& m : model_->lora_modules()) m.module->take_slot_grads(slot);
   }
   return metrics;
 }
@@ -96,8 +100,8 @@ std::vector<batching::TrainResult> Backend::forward(const std::vector<batching::
 
 std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batching::TrainRequest>& requests,
                                                          bool train) {
-  // Validate everything (inputs and model ids) before computing anything, so a bad request in a batch
-  // never leaves half-accumulated gradients behind.
+  // Validate everything (inputs and model ids) before computing anything, so a bad request fails fast; a
+  // failure while computing (out of memory, a device error) is undone by the GradTransaction below.
   std::vector<batching::TrainRow> rows = batching::validate_requests(requests);
   std::vector<const models::CausalLM*> request_model(requests.size());
   std::vector<int64_t> request_slot(requests.size(), 0);
@@ -121,6 +125,22 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   std::map<const models::CausalLM*, std::vector<size_t>> groups;
   for (size_t i = 0; i < rows.size(); ++i) groups[request_model[rows[i].request]].push_back(i);
   MicroBatchOptions options{train, config_.gradient_checkpointing, config_.logprobs_chunk_tokens};
+  // All-or-nothing: the batch accumulates into fresh gradients, added to the models' pending ones only once
+  // every micro-batch has succeeded; if one throws, the transaction's destructor restores them exactly, so
+  // the engine may rerun the requests one by one without adding any row's gradient twice.
+  std::optional<GradTransaction> grads;
+  if (train) {
+    std::set<int64_t> slots;
+    std::vector<const models::CausalLM*> full_models;
+    for (size_t r = 0; r < requests.size(); ++r) {
+      if (request_slot[r] != 0) slots.insert(request_slot[r]);
+    }
+    for (const auto& [model, row_ids] : groups) {
+      if (model != model_.get()) full_models.push_back(model);
+    }
+    grads.emplace(*model_, slots, full_models);
+  }
+  int64_t micro_index = 0;
   for (const auto& [model, row_ids] : groups) {
     for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens)) {
       std::vector<const batching::TrainRow*> batch_rows;
@@ -132,6 +152,7 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
       auto [batch, inputs] = batching::pack_training_rows(batch_rows, slots, model_config().vocab_size,
                                                           model->options().device);
       MicroBatchOutput out = run_micro_batch(*model, batch, inputs, options);
+      fault_injection::after_micro_batch(micro_index++);
       std::vector<at::Tensor> logprobs = batching::unpack_tokens(out.logprobs.to(at::kCPU), batch);
       std::vector<at::Tensor> losses = batching::unpack_tokens(out.loss.to(at::kCPU), batch);
       for (size_t k = 0; k < micro.size(); ++k) {
@@ -142,6 +163,7 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     }
   }
   for (size_t r = 0; r < requests.size(); ++r) results[r].metrics["loss:sum"] = loss_sums[r];
+  if (grads) grads->commit();  // last: nothing after it can fail
   return results;
 }
 

@@ -1,4 +1,5 @@
 // PYBIND11_MODULE(_C): build information plus the per-area bindings.
+#include "backend/fault_injection.h"
 #include "bindings/bindings.h"
 
 #ifndef SKYRL_TX_TORCH_VERSION
@@ -23,8 +24,17 @@ PYBIND11_MODULE(_C, m) {
     info["nccl"] = false;
 #endif
     info["cxx11_abi"] = static_cast<bool>(_GLIBCXX_USE_CXX11_ABI);
+#ifdef SKYRL_TX_TESTING
+    info["testing"] = true;
+#else
+    info["testing"] = false;
+#endif
     return info;
   });
+#ifdef SKYRL_TX_TESTING
+  // Test builds only (SKYRL_TX_BUILD_TESTS=ON): a one-shot failure of training micro-batch k (< 0 disarms).
+  m.def("_testing_fail_micro_batch", &skyrl_tx::backend::fault_injection::fail_micro_batch, py::arg("k"));
+#endif
   skyrl_tx::bindings::bind_errors(m);
   skyrl_tx::bindings::bind_models(m);
   skyrl_tx::bindings::bind_training(m);

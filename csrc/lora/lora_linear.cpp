@@ -287,6 +287,15 @@ at::Tensor LoraLinear::lora_b_grad(int64_t slot) const {
   return grad.defined() ? grad.narrow(1, 0, ranks_.at(slot)) : at::Tensor();
 }
 
+std::pair<at::Tensor, at::Tensor> LoraLinear::take_slot_grads(int64_t slot) {
+  return {std::exchange(grad_a_.at(slot), at::Tensor()), std::exchange(grad_b_.at(slot), at::Tensor())};
+}
+
+void LoraLinear::put_slot_grads(int64_t slot, std::pair<at::Tensor, at::Tensor> grads) {
+  grad_a_.at(slot) = std::move(grads.first);
+  grad_b_.at(slot) = std::move(grads.second);
+}
+
 at::Tensor& LoraLinear::slot_grad_a(int64_t slot) const {
   at::Tensor& grad = grad_a_.at(slot);
   if (!grad.defined()) grad = at::zeros({a_.size(1), a_.size(2)}, a_.options());  // [max_rank, in]

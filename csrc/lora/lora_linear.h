@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "lora/adapter_segments.h"
@@ -52,6 +53,11 @@ class LoraLinear {
   at::Tensor lora_b_grad(int64_t slot) const;
   /// Zeroes the slot's accumulated gradients only (other slots keep theirs).
   void zero_slot_grad(int64_t slot);
+  /// Takes the slot's accumulators (A [max_rank, in], B [out, max_rank]; undefined if none) out of the module,
+  /// leaving none (the next backward allocates fresh zeroed ones); put_slot_grads puts a pair back as it was.
+  /// How a batch accumulates all-or-nothing (backend/grad_transaction.h) and how optim_step frees them.
+  std::pair<at::Tensor, at::Tensor> take_slot_grads(int64_t slot);
+  void put_slot_grads(int64_t slot, std::pair<at::Tensor, at::Tensor> grads);
   /// The slot's gradient accumulators at the stacks' full size ([max_rank, in] / [out, max_rank]), allocated
   /// (zeroed) on first use. The autograd backward adds into them; only slots that trained hold memory.
   at::Tensor& slot_grad_a(int64_t slot) const;

@@ -1,0 +1,54 @@
+// GradTransaction: makes one training batch's gradient accumulation all-or-nothing.
+#include "backend/grad_transaction.h"
+
+#include <c10/core/GradMode.h>
+
+#include <unordered_set>
+
+namespace skyrl_tx::backend {
+namespace {
+
+// fresh + before, into `fresh` (the batch's own buffer): `before` is never written, so a rollback stays exact.
+at::Tensor merged(at::Tensor fresh, const at::Tensor& before) {
+  if (!before.defined()) return fresh;
+  if (!fresh.defined()) return before;
+  fresh.add_(before);
+  return fresh;
+}
+
+}  // namespace
+
+GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<int64_t>& lora_slots,
+                                 const std::vector<const models::CausalLM*>& full_models) {
+  for (int64_t slot : lora_slots) {
+    for (const models::NamedLoraModule& m : base.lora_modules()) {
+      lora_.push_back({m.module, slot, m.module->take_slot_grads(slot)});
+    }
+  }
+  std::unordered_set<const c10::TensorImpl*> seen;  // a tied tensor is set aside once
+  for (const models::CausalLM* model : full_models) {
+    for (const auto& [name, param] : model->named_parameters()) {
+      if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+      params_.push_back({param, std::exchange(param.mutable_grad(), at::Tensor())});
+    }
+  }
+}
+
+void GradTransaction::commit() {
+  c10::NoGradGuard no_grad;
+  for (LoraGrads& g : lora_) {
+    auto [a, b] = g.module->take_slot_grads(g.slot);
+    g.module->put_slot_grads(g.slot, {merged(a, g.before.first), merged(b, g.before.second)});
+  }
+  for (ParamGrad& p : params_) p.param.mutable_grad() = merged(p.param.grad(), p.before);
+  committed_ = true;
+}
+
+GradTransaction::~GradTransaction() {
+  if (committed_) return;
+  // Reverse order, so that whatever was set aside first is what ends up in place.
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) it->param.mutable_grad() = it->before;
+  for (auto it = lora_.rbegin(); it != lora_.rend(); ++it) it->module->put_slot_grads(it->slot, it->before);
+}
+
+}  // namespace skyrl_tx::backend
