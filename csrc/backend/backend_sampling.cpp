@@ -111,6 +111,7 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
     cfg.max_length = std::min<int64_t>(config_.max_sampling_length, model.config().max_position_embeddings);
     cfg.prefill_token_budget = config_.train_micro_batch_tokens;
     cfg.seed = config_.seed;
+    cfg.logprobs_chunk_tokens = config_.logprobs_chunk_tokens;
     // CPU decode stays eager: with no launch overhead to save, padding rows and keys would only add work.
     cfg.decode_mode = model.options().device.is_cuda() && config_.cuda_graphs ? sampling::DecodeMode::kCudaGraph
                                                                                : sampling::DecodeMode::kEager;

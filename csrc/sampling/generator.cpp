@@ -37,6 +37,8 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
       cache_(model.config(), config.max_sequences, config.max_length, model.options().dtype, model.options().device),
       seed_source_(at::make_generator<at::CPUGeneratorImpl>(config.seed)),
       rows_(config.max_sequences) {
+  SKYRL_TX_CHECK(config.logprobs_chunk_tokens >= 1, InvalidArgument,
+                 "sampling: logprobs_chunk_tokens must be >= 1 (got ", config.logprobs_chunk_tokens, ")");
   if (config.decode_mode != DecodeMode::kEager) {
     static_decoder_ = std::make_unique<StaticDecoder>(model, cache_, config.max_sequences, config.max_length,
                                                       config.decode_mode == DecodeMode::kCudaGraph);
@@ -176,20 +178,35 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
 
 void Generator::prompt_logprobs(Request& req, const at::Tensor& hidden) {
   const int64_t prompt_len = hidden.size(0), k = req.request.topk_prompt_logprobs;
-  at::Tensor logprobs = at::full({prompt_len}, NAN, at::kFloat);  // entry 0 has no prefix to score it
+  const int64_t scored = prompt_len - 1;  // position t scores prompt token t + 1; entry 0 has no prefix
+  const at::Device device = hidden.device();
+  at::Tensor logprobs = at::full({prompt_len}, NAN, at::kFloat);
   at::Tensor top_ids = at::full({prompt_len, k}, -1, at::kLong);
   at::Tensor top_logprobs = at::full({prompt_len, k}, NAN, at::kFloat);
-  if (prompt_len > 1) {
-    // log_probs: [P - 1, vocab]; position t scores prompt token t + 1
-    at::Tensor logits = model_.lm_head().forward(hidden.narrow(0, 0, prompt_len - 1),
-                                                 lora::AdapterSegments::uniform(req.slot, prompt_len - 1));
-    at::Tensor log_probs = at::log_softmax(logits.to(at::kFloat), -1);
-    at::Tensor targets = req.request.prompt.narrow(0, 1, prompt_len - 1).to(log_probs.device()).unsqueeze(1);
-    logprobs.narrow(0, 1, prompt_len - 1).copy_(log_probs.gather(1, targets).squeeze(1).cpu());
+  if (scored > 0) {
+    const at::Tensor targets = req.request.prompt.narrow(0, 1, scored).to(device);  // [P - 1]
+    // Chunked like training's target logprobs: only [chunk, vocab] logits (and their log-softmax) are alive
+    // at once, not [P - 1, vocab] (~1.2 GB in float32 for a 2,048-token prompt over a 152k vocabulary).
+    // Rows are independent, so each chunk's values are those of the whole-prompt log-softmax.
+    const int64_t chunk = config_.logprobs_chunk_tokens;
+    std::vector<at::Tensor> target_pieces, value_pieces, index_pieces;
+    for (int64_t begin = 0; begin < scored; begin += chunk) {
+      const int64_t length = std::min(chunk, scored - begin);
+      at::Tensor logits = model_.lm_head().forward(hidden.narrow(0, begin, length),
+                                                   lora::AdapterSegments::uniform(req.slot, length));
+      at::Tensor log_probs = at::log_softmax(logits.to(at::kFloat), -1);  // [length, vocab]
+      target_pieces.push_back(log_probs.gather(1, targets.narrow(0, begin, length).unsqueeze(1)).squeeze(1));
+      if (k > 0) {
+        auto [values, indices] = log_probs.topk(k, -1, /*largest=*/true, /*sorted=*/true);  // [length, k]
+        value_pieces.push_back(values);
+        index_pieces.push_back(indices);
+      }
+    }
+    // One copy to the host per result, not one per chunk.
+    logprobs.narrow(0, 1, scored).copy_(at::cat(target_pieces).cpu());
     if (k > 0) {
-      auto [values, indices] = log_probs.topk(k, -1, /*largest=*/true, /*sorted=*/true);  // [P - 1, k]
-      top_ids.narrow(0, 1, prompt_len - 1).copy_(indices.cpu());
-      top_logprobs.narrow(0, 1, prompt_len - 1).copy_(values.cpu());
+      top_ids.narrow(0, 1, scored).copy_(at::cat(index_pieces).cpu());
+      top_logprobs.narrow(0, 1, scored).copy_(at::cat(value_pieces).cpu());
     }
   }
   req.result.prompt_logprobs = logprobs;

@@ -25,6 +25,7 @@ struct GeneratorConfig {
   int64_t max_length = 2048;            // prompt + completion tokens per sequence
   int64_t prefill_token_budget = 8192;  // prompt tokens prefilled per step
   uint64_t seed = 0;                    // draws seeds for requests that bring none
+  int64_t logprobs_chunk_tokens = 1024;  // prompt positions whose [chunk, vocab] logits exist at once
   DecodeMode decode_mode = DecodeMode::kEager;
 };
 

@@ -268,6 +268,29 @@ TEST_F(GeneratorTest, PromptLogprobsMatchReference) {
   expect_matches(results[0].sequences[0], reference_greedy(p, 2));
 }
 
+TEST_F(GeneratorTest, ChunkedPromptLogprobsEqualUnchunked) {
+  // A 23-token prompt scored 3 positions at a time (8 chunks, the last one short) against one chunk.
+  const at::Tensor p = prompt(23, 12);
+  SampleRequest r = greedy_request(p, 2);
+  r.prompt_logprobs = true;
+  r.topk_prompt_logprobs = 4;
+  GeneratorConfig chunked = gen_config_, whole = gen_config_;
+  chunked.logprobs_chunk_tokens = 3;
+  whole.logprobs_chunk_tokens = 1024;
+  const SampleResult a = run({r}, chunked)[0], b = run({r}, whole)[0];
+  ASSERT_EQ(a.prompt_logprobs.numel(), 23);
+  EXPECT_TENSOR_CLOSE(a.prompt_logprobs.narrow(0, 1, 22), b.prompt_logprobs.narrow(0, 1, 22), 1e-6, 1e-6);
+  EXPECT_TENSOR_CLOSE(a.topk_prompt_logprobs.narrow(0, 1, 22), b.topk_prompt_logprobs.narrow(0, 1, 22), 1e-6, 1e-6);
+  EXPECT_TENSOR_EQ(a.topk_prompt_token_ids, b.topk_prompt_token_ids);
+  // And both are the whole-prompt log-softmax.
+  at::Tensor log_probs = full_log_probs(p).narrow(0, 0, 22);
+  EXPECT_TENSOR_CLOSE(a.prompt_logprobs.narrow(0, 1, 22),
+                      log_probs.gather(1, p.narrow(0, 1, 22).unsqueeze(1)).squeeze(1), 1e-5, 1e-5);
+  GeneratorConfig zero = gen_config_;
+  zero.logprobs_chunk_tokens = 0;
+  EXPECT_THROW(Generator(*model_, zero, {}, nullptr), InvalidArgument);
+}
+
 TEST_F(GeneratorTest, SubmitRejectsRequestsThatCanNeverFit) {
   Generator g(*model_, gen_config_, {}, nullptr);
   EXPECT_THROW(g.submit(greedy_request(prompt(10, 9), 23), 0), InvalidArgument);  // 33 > 32
