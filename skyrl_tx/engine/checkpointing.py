@@ -29,6 +29,7 @@ from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.engine import executor
 from skyrl_tx.engine.background_saves import BackgroundSaves
+from skyrl_tx.engine.snapshot_memory import DEFAULT_SNAPSHOT_MEMORY_MB, SnapshotMemory
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, FutureRecord, FutureStatus, ModelRecord
 from skyrl_tx.errors import ConflictError, InvalidArgumentError, NotFoundError
 
@@ -63,6 +64,9 @@ class Checkpointer:
         self.sessions = sessions
         self.model_dir = Path(model_dir)
         self.saves = BackgroundSaves()
+        budget_mb = getattr(getattr(backend, "settings", None), "snapshot_memory_mb", DEFAULT_SNAPSHOT_MEMORY_MB)
+        self.snapshot_memory = SnapshotMemory(backend, budget_mb << 20, self.model_dtype())
+        self._full_models: dict[str, bool] = {}  # model id → full fine-tuning (lora_rank 0)
 
     # ---- saving -----------------------------------------------------------------------------------
     def save(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -177,9 +181,46 @@ class Checkpointer:
                                 "refused. Create a new training client from the checkpoint "
                                 "(ServiceClient.create_training_client_from_state[_with_optimizer]) instead")
 
+    # ---- sampler snapshots --------------------------------------------------------------------------
+    def snapshot(self, model_id: str, snapshot_id: str) -> None:
+        """Freezes the model's current weights as `snapshot_id`. A full fine-tuning model's frozen copy counts
+        against the snapshot memory budget (engine/snapshot_memory.py); an adapter's factors live in host
+        memory and its device slots are the backend's (max_resident_snapshots)."""
+        if not self._is_full(model_id):
+            self.backend.snapshot(model_id, snapshot_id)
+            return
+        self.snapshot_memory.freeze(model_id, snapshot_id, self.backend.trainable_state(model_id))
+
+    def has_snapshot(self, snapshot_id: str) -> bool:
+        """In memory, or evicted to disk and loaded back when sampled."""
+        return self.backend.has_snapshot(snapshot_id) or self.snapshot_memory.holds(snapshot_id)
+
+    def remove_snapshot(self, snapshot_id: str) -> None:
+        """Forgets a snapshot (memory and spill file). ConflictError while it serves running samples."""
+        if self.snapshot_memory.holds(snapshot_id):
+            self.snapshot_memory.release(snapshot_id)
+        elif self.backend.has_snapshot(snapshot_id):
+            self.backend.remove_snapshot(snapshot_id)
+
+    def _is_full(self, model_id: str) -> bool:
+        full = self._full_models.get(model_id)
+        if full is None:
+            with self.sessions() as db:
+                model = db.get(ModelRecord, model_id)
+                if model is None:
+                    raise NotFoundError(f"snapshot: model {model_id!r} not found")
+                full = self._full_models[model_id] = model.lora_rank == 0
+        return full
+
     def ensure_snapshot(self, snapshot_id: str) -> None:
-        """Makes a sampler checkpoint sampleable (after a restart, or saved by another server process)."""
-        if not snapshot_id or self.backend.has_snapshot(snapshot_id) or not snapshot_id.startswith("tinker://"):
+        """Makes a snapshot sampleable: a full one evicted from memory loads back, a sampler checkpoint is
+        loaded from the store (after a restart, or saved by another server process)."""
+        if not snapshot_id:
+            return
+        if self.backend.has_snapshot(snapshot_id):
+            self.snapshot_memory.touch(snapshot_id)
+            return
+        if self.snapshot_memory.ensure(snapshot_id) or not snapshot_id.startswith("tinker://"):
             return
         path = TinkerPath.parse(snapshot_id, "sample: model_path")
         with self.sessions() as db:
@@ -192,7 +233,7 @@ class Checkpointer:
                                        train_attn=meta.train_attn, train_mlp=meta.train_mlp,
                                        train_unembed=meta.train_unembed)
         else:
-            self.backend.load_frozen_model(snapshot_id, weights)
+            self.snapshot_memory.load(snapshot_id, weights)
         log.info("loaded sampler checkpoint %s from %s", snapshot_id, location)
 
     # ---- housekeeping -----------------------------------------------------------------------------

@@ -25,17 +25,20 @@ def ephemeral_newest_first(db: Session, model_id: str) -> list[str]:
     return [r for r in rows if r]
 
 
-def release_old_snapshots(backend: Any, db: Session, model_id: str) -> None:
-    """Frees snapshots past the newest KEEP_PER_MODEL; one still serving samples is freed on a later call."""
+def release_old_snapshots(backend: Any, db: Session, model_id: str, checkpointer: Any = None) -> None:
+    """Frees snapshots past the newest KEEP_PER_MODEL; one still serving samples is freed on a later call.
+    With the engine's Checkpointer, full fine-tuning snapshots evicted to disk are forgotten too."""
     named = list(db.scalars(select(CheckpointRecord.tinker_path).where(
         CheckpointRecord.model_id == model_id, CheckpointRecord.kind == "sampler_weights",
         CheckpointRecord.status == CheckpointStatus.READY.value).order_by(CheckpointRecord.created_at.desc())))
     for snapshot_id in ephemeral_newest_first(db, model_id)[KEEP_PER_MODEL:] + named[KEEP_PER_MODEL:]:
-        if backend.has_snapshot(snapshot_id):
-            try:
+        try:
+            if checkpointer is not None:
+                checkpointer.remove_snapshot(snapshot_id)
+            elif backend.has_snapshot(snapshot_id):
                 backend.remove_snapshot(snapshot_id)
-            except ConflictError:
-                pass
+        except ConflictError:
+            pass
 
 
 def released_error(sampler_id: str) -> NotFoundError:
