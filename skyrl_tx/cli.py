@@ -23,6 +23,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"JSON object; keys: {', '.join(BackendSettings.valid_keys())}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--public-url", default=None, metavar="URL",
+                        help="the base URL clients reach this server at (e.g. behind a proxy); signed checkpoint "
+                             "download URLs point there (default: http://<host>:<port>)")
     parser.add_argument("--session-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="unload the models of a session that sent no heartbeat for this long (default 300)")
     parser.add_argument("--database-url", default=None,
@@ -58,7 +61,7 @@ def server_settings(args: argparse.Namespace):
                           session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
                           checkpoints_storage_options=_json_object(args.checkpoints_storage_options,
                                                                    "--checkpoints-storage-options"),
-                          engine=getattr(args, "engine", "process"))
+                          engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -73,7 +76,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(settings, model_dir, load_decoder_config(model_dir).architecture)
     log.info("listening on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    return 1 if app.state.engine_failed else 0  # the engine could not start: the server stopped itself
 
 
 def engine(args: argparse.Namespace) -> int:

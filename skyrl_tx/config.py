@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +110,21 @@ class ServerSettings:
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases
+    # The base URL clients reach this server at (behind a proxy: the proxy's), e.g. https://tinker.example:443.
+    # Signed checkpoint download URLs point there. None: the listen address.
+    public_url: str | None = None
+
+    def public_base_url(self) -> str:
+        """Where clients reach this server: public_url, else the listen address (a wildcard address becomes
+        127.0.0.1: reachable from this machine only; set public_url for others)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def validate(self) -> None:
+        if self.public_url is not None:
+            parsed = urllib.parse.urlsplit(self.public_url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.query or parsed.fragment:
+                raise InvalidArgumentError(f"--public-url: must be an http(s) base URL such as "
+                                           f"https://tinker.example.com (got {self.public_url!r})")

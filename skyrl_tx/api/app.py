@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training, training_runs
@@ -24,30 +28,68 @@ from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.process import EngineProcess
 from skyrl_tx.engine.settings import EngineSettings
+from skyrl_tx.models.hf_config import load_decoder_config
 
 log = logging.getLogger("skyrl_tx.api")
 
 
+class BodyTooLarge(HTTPException):
+    """Raised by BodySizeLimit's receive once more body bytes arrived than the limit allows."""
+
+    def __init__(self) -> None:
+        super().__init__(status_code=413)
+
+
 class BodySizeLimit:
-    """413 for a declared body above the limit, before anything reads it. A plain ASGI middleware: Starlette's
-    BaseHTTPMiddleware wraps every request and response in extra tasks and streams (a measurable part of the
-    per-call overhead that `python -m skyrl_tx.bench api` reports)."""
+    """413 for a body above the limit: a declared one (Content-Length) before anything reads it, and any body
+    (chunked, or a Content-Length that lies) as soon as the bytes received pass the limit, so at most the limit
+    is ever held. A plain ASGI middleware: Starlette's BaseHTTPMiddleware wraps every request and response in
+    extra tasks and streams (a measurable part of the per-call overhead that `python -m skyrl_tx.bench api`
+    reports)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
+    def _too_large(self, size: str) -> JSONResponse:
+        return error_response(413, "invalid_argument", f"request body of {size} bytes exceeds the limit of "
+                              f"{self.max_bytes}; send fewer datums per call")
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    if value.isdigit() and int(value) > self.max_bytes:
-                        response = error_response(413, "invalid_argument", f"request body of {int(value)} bytes "
-                                                  f"exceeds the limit of {self.max_bytes}; send fewer datums per call")
-                        await response(scope, receive, send)
-                        return
-                    break
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.max_bytes:
+                    await self._too_large(str(int(value)))(scope, receive, send)
+                    return
+                break
+        received, exceeded, started = 0, False, False
+
+        async def counted_receive() -> Message:
+            nonlocal received, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise BodyTooLarge()
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if exceeded:  # whatever the app made of the cut-off body, the client gets the 413 instead
+                return
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except BodyTooLarge:
+            pass
+        if exceeded and not started:
+            await self._too_large(f"more than {self.max_bytes}")(scope, receive, send)
 
 
 def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
@@ -63,6 +105,7 @@ def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
 
 
 def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> FastAPI:
+    settings.validate()
     database_url = settings.database_url or default_database_url()
     migrate.upgrade(database_url)  # migrations are the only way the schema is created
     engine = make_engine(database_url)
@@ -73,16 +116,25 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     engine_settings = EngineSettings.for_server(settings, model_dir, database_url, checkpoints_base)
     runner = start_engine(settings, engine_settings, waiters.notify_threadsafe)
 
+    async def watch_engine_start(app: FastAPI) -> None:
+        """The server serves while the engine loads the base model and rebuilds the live models (requests wait
+        in the database meanwhile). An engine that cannot start is a configuration problem: the server stops."""
+        await asyncio.to_thread(runner.ready.wait)
+        if runner.failed is not None:
+            app.state.engine_failed = f"the engine could not load the base model: {runner.failed}"
+            log.error("%s; stopping the server", app.state.engine_failed)
+            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; cli.serve exits with 1
+            return
+        log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
+                 ", ".join([settings.base_model, *settings.model_aliases]))
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         waiters.bind(asyncio.get_running_loop())
         runner.start()
-        await asyncio.to_thread(runner.ready.wait)
-        if runner.failed is not None:
-            raise RuntimeError(f"the engine could not load the base model: {runner.failed}")
-        log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
-                 ", ".join([settings.base_model, *settings.model_aliases]))
+        watcher = asyncio.create_task(watch_engine_start(app))
         yield
+        watcher.cancel()
         runner.stop()
         engine.dispose()
 
@@ -97,6 +149,9 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app.state.engine = runner
     app.state.model_dir = model_dir
     app.state.architecture = architecture
+    app.state.engine_failed = None  # set when the engine could not start (healthz says so)
+    # forward / forward_backward sequences longer than the model's positions are refused at the edge
+    app.state.max_positions = load_decoder_config(model_dir).max_position_embeddings
     install_error_handlers(app)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from skyrl_tx.errors import SkyrlTxError
+from skyrl_tx.api.submit import record_invalid_body
+from skyrl_tx.errors import InvalidArgumentError, SkyrlTxError
 
 log = logging.getLogger("skyrl_tx.api")
 
@@ -24,12 +26,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.http_status, exc.code.value, exc.message)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             parts.append(f"{field or 'body'}: {err.get('msg')}")
-        return error_response(400, "invalid_argument", "invalid request: " + "; ".join(parts))
+        error = InvalidArgumentError("invalid request: " + "; ".join(parts))
+        # A request of a model's sequence still consumes its seq_id (api/submit.py), so later ones never wait for it.
+        await asyncio.to_thread(record_invalid_body, request, exc.body, error)
+        return error_response(error.http_status, error.code.value, error.message)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

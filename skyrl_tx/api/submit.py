@@ -1,7 +1,11 @@
-"""Stores an accepted request as a pending future, idempotently, and wakes the engine."""
+"""Stores an accepted request as a pending future, idempotently, and wakes the engine; stores a rejected one of a
+model's sequence as a failed future (its seq_id is consumed)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import Request
@@ -9,9 +13,10 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from skyrl_tx.api.validation import SEQ_ID_MAX
 from skyrl_tx.db import future_queries
-from skyrl_tx.db.models import ModelRecord, ModelStatus, request_hash
-from skyrl_tx.errors import ConflictError, NotFoundError
+from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
+from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError
 
 
 def submit_future(request: Request, db: Session | Connection, *, future_id: str, request_type: str,
@@ -43,6 +48,62 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
 
 def _model_not_found(model_id: str) -> NotFoundError:
     return NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
+def record_rejected(request: Request, db: Session | Connection, *, model_id: str, seq_id: int, request_type: str,
+                    error: SkyrlTxError) -> None:
+    """A request rejected at the edge (a 400) after its model and seq_id are known still consumes that seq_id: it is
+    stored as a failed future with the 400's message, so the engine's per-model order never waits on a gap for it.
+    Idempotent: if the id (or the model's seq_id) is taken already (a retry, or an accepted request) nothing
+    changes. The caller has checked that the model exists (futures.model_id is a foreign key)."""
+    now = datetime.now(timezone.utc)
+    row = {"id": f"{model_id}:{seq_id}", "session_id": None, "model_id": model_id, "request_type": request_type,
+           "seq_id": seq_id, "request": {"model_id": model_id, "rejected": True},
+           "request_hash": request_hash({"rejected": error.message}), "status": FutureStatus.FAILED.value,
+           "error": {"category": "user", "message": error.message, "code": error.code.value},
+           "created_at": now, "completed_at": now}
+    try:
+        db.execute(future_queries.INSERT_FUTURE, row)
+        db.commit()
+    except IntegrityError:  # already stored: this rejection was recorded before, or the seq_id ran
+        db.rollback()
+        return
+    request.app.state.wake_engine()  # a model waiting for this seq_id may go on
+
+
+@contextmanager
+def consumes_seq_id(request: Request, db: Session | Connection, *, model_id: str, seq_id: int,
+                    request_type: str) -> Iterator[None]:
+    """Around a route's checks of a request for an existing model with a valid seq_id: a user error (4xx) raised
+    inside is recorded (record_rejected) and re-raised, so the client still gets its 4xx."""
+    try:
+        yield
+    except SkyrlTxError as exc:
+        if 400 <= exc.http_status < 500:
+            record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type=request_type, error=exc)
+        raise
+
+
+# JSON routes whose requests take a seq_id of their model (forward_backward is protobuf: its route checks its own).
+SEQUENCED_ROUTES = {f"/api/v1/{name}": name for name in ("optim_step", "save_weights", "save_weights_external",
+                                                          "save_weights_for_sampler", "load_weights")}
+
+
+def record_invalid_body(request: Request, body: Any, error: SkyrlTxError) -> None:
+    """A sequenced request whose JSON failed schema validation (before its route ran) still consumes its seq_id,
+    where the body names an existing model and a valid seq_id. Runs in a worker thread (it uses the database)."""
+    request_type = SEQUENCED_ROUTES.get(request.url.path)
+    if request_type is None or not isinstance(body, dict) or body.get("session_id") is not None:
+        return
+    model_id, seq_id = body.get("model_id"), body.get("seq_id")
+    if not isinstance(model_id, str) or type(seq_id) is not int or not 0 <= seq_id <= SEQ_ID_MAX:
+        return
+    with request.app.state.database.connect() as db:
+        try:
+            require_model(db, model_id)
+        except NotFoundError:
+            return
+        record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type=request_type, error=error)
+
+
 
 
 def require_model(db: Session | Connection, model_id: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -24,6 +25,9 @@ log = logging.getLogger("skyrl_tx.engine")
 
 RESTART_DELAYS_S = (0.2, 1.0, 5.0)  # back-off between restarts after crashes in quick succession
 STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
+# Tests only: the first engine process starts once this file exists, so a test can observe the server while its
+# engine has not recovered yet (tests/api/test_restart_serves_at_once.py). Unset in production.
+START_GATE_ENV = "SKYRL_TX_TEST_ENGINE_START_GATE"
 DONE = "done "
 
 
@@ -84,6 +88,9 @@ class EngineProcess:
                 process.wait()
 
     def _supervise(self) -> None:
+        gate = os.environ.get(START_GATE_ENV)
+        while gate and not os.path.exists(gate) and not self._stopping:
+            time.sleep(0.05)
         crashes = 0
         while not self._stopping:
             started = time.monotonic()

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
-from skyrl_tx.api.submit import require_model, submit_future
+from skyrl_tx.api.submit import consumes_seq_id, require_model, submit_future
+from skyrl_tx.api.validation import check_model_seq_id, check_seq_id
 from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
@@ -56,9 +57,11 @@ def check_ttl(ttl_seconds: int | None, what: str) -> None:
 
 
 def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: str, request_type: str) -> dict:
+    check_seq_id(body.seq_id, request_type)
     require_model(db, body.model_id)
-    name = validate_name(body.path, request_type)
-    check_ttl(body.ttl_seconds, request_type)
+    with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type=request_type):
+        name = validate_name(body.path, request_type)
+        check_ttl(body.ttl_seconds, request_type)
     job = {"model_id": body.model_id, "path": str(TinkerPath(body.model_id, kind, name)),
            "overwrite": body.overwrite, "ttl_seconds": body.ttl_seconds, "user_metadata": body.user_metadata}
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type=request_type,
@@ -81,21 +84,30 @@ def checkpoint_meta(db: Session, path: TinkerPath, what: str) -> tuple[Checkpoin
     return record, ModelMeta.from_json(record.model_meta)
 
 
-@router.post("/load_weights")
-def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
-    path = TinkerPath.parse(body.path, "load_weights: path")
+def _training_checkpoint(db: Session, raw_path: str) -> tuple[TinkerPath, ModelMeta]:
+    path = TinkerPath.parse(raw_path, "load_weights: path")
     if path.kind != "weights":
         raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a training "
                                    "checkpoint (tinker://<run>/weights/<name>, written by save_state)")
-    _, meta = checkpoint_meta(db, path, "load_weights")
-    job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
+    return path, checkpoint_meta(db, path, "load_weights")[1]
+
+
+@router.post("/load_weights")
+def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
     if body.session_id is None:  # legacy addressing: an existing model
         if body.model_id is None or body.seq_id is None:
             raise InvalidArgumentError("load_weights: give session_id + model_seq_id (new model) or model_id + seq_id")
+        check_seq_id(body.seq_id, "load_weights")
         require_model(db, body.model_id)
+        with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="load_weights"):
+            path, _ = _training_checkpoint(db, body.path)
+        job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
         return {"request_id": future_id, "model_id": body.model_id}
+    check_model_seq_id(body.model_seq_id or 0, "load_weights")
+    path, meta = _training_checkpoint(db, body.path)
+    job = {"path": str(path), "optimizer": body.optimizer}
     if db.get(SessionRecord, body.session_id) is None:
         raise NotFoundError(f"load_weights: session {body.session_id!r} not found; create a session first")
     base_model = body.base_model or meta.base_model

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from skyrl_tx.api.json_response import FiniteJSONResponse as JSONResponse  # results may hold NaN
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Row
 

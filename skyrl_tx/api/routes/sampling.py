@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.submit import live_model, require_model, submit_future
+from skyrl_tx.api.submit import consumes_seq_id, live_model, submit_future
+from skyrl_tx.api.validation import check_model_seq_id, check_sampling_params, check_seq_id
 from skyrl_tx.api.routes.checkpoints import check_ttl, checkpoint_meta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
 from skyrl_tx.db import future_queries
@@ -75,17 +76,21 @@ class SampleBody(BaseModel):
 
 @router.post("/save_weights_for_sampler")
 def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep) -> dict[str, str]:
+    what = "save_weights_for_sampler"
+    check_seq_id(body.seq_id, what)
     model = live_model(db, body.model_id)
     job: dict[str, Any] = {"model_id": body.model_id}
-    if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
-        job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
-    elif body.path:
-        name = validate_name(body.path, "save_weights_for_sampler")
-        check_ttl(body.ttl_seconds, "save_weights_for_sampler")
-        job |= {"path": str(TinkerPath(body.model_id, "sampler_weights", name)), "ttl_seconds": body.ttl_seconds,
-                "user_metadata": body.user_metadata}
-    else:
-        raise InvalidArgumentError("save_weights_for_sampler: give a name (path) or a sampling_session_seq_id")
+    with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type=what):
+        if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
+            check_model_seq_id(body.sampling_session_seq_id, what, "sampling_session_seq_id")
+            job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
+        elif body.path:
+            name = validate_name(body.path, what)
+            check_ttl(body.ttl_seconds, what)
+            job |= {"path": str(TinkerPath(body.model_id, "sampler_weights", name)), "ttl_seconds": body.ttl_seconds,
+                    "user_metadata": body.user_metadata}
+        else:
+            raise InvalidArgumentError(f"{what}: give a name (path) or a sampling_session_seq_id")
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                               request_type="save_weights_for_sampler", body=job, model_id=body.model_id,
                               seq_id=body.seq_id)
@@ -96,6 +101,7 @@ def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: 
 def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, settings: SettingsDep) -> dict[str, str]:
     if db.get(SessionRecord, body.session_id) is None:
         raise NotFoundError(f"create_sampling_session: session {body.session_id!r} not found")
+    check_model_seq_id(body.sampling_session_seq_id, "create_sampling_session", "sampling_session_seq_id")
     sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
     if db.get(SamplingSessionRecord, sampler_id) is not None:  # a retry
         return {"sampling_session_id": sampler_id}
@@ -125,6 +131,7 @@ def get_sampler(sampler_id: str, db: DbDep) -> dict[str, Any]:
 
 @router.post("/asample")
 async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
+    check_model_seq_id(body.seq_id, "asample", "seq_id")  # part of the future's id only: any signed 64-bit value
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
     unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n",
@@ -134,6 +141,7 @@ async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
                                    "leave them unset")
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
+    check_sampling_params(params)
     params["stop"] = [stop] if isinstance(stop, str) else stop
 
     def store(db: Connection) -> dict[str, Any]:

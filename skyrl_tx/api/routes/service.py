@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
@@ -89,7 +90,13 @@ def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
 
 
 @router.get("/healthz")
-def healthz(request: Request) -> dict[str, Any]:
-    engine = request.app.state.engine
-    return {"status": "ok", "engine": request.app.state.settings.engine, "engine_pid": engine.pid,
-            "engine_restarts": engine.restarts}
+def healthz(request: Request) -> Any:
+    """Answers from the first moment the server listens. `engine_ready` is false while the engine loads the base
+    model and rebuilds the live models: requests are accepted meanwhile and run once it is ready."""
+    engine, failed = request.app.state.engine, request.app.state.engine_failed
+    body = {"status": "failed" if failed else "ok", "engine": request.app.state.settings.engine,
+            "engine_pid": engine.pid, "engine_restarts": engine.restarts,
+            "engine_ready": engine.ready.is_set() and not failed}
+    if failed:
+        return JSONResponse(status_code=503, content={**body, "message": failed})
+    return body

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.submit import live_model, require_model, submit_future
+from skyrl_tx.api.submit import consumes_seq_id, live_model, require_model, submit_future
+from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_model_seq_id, check_seed,
+                                     check_seq_id)
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
@@ -55,6 +57,8 @@ class OptimStepRequest(BaseModel):
 def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
     if db.get(SessionRecord, body.session_id) is None:
         raise NotFoundError(f"create_model: session {body.session_id!r} not found; create a session first")
+    check_model_seq_id(body.model_seq_id, "create_model")
+    check_seed(body.lora_config.seed, "create_model", "lora_config.seed")
     if not settings.serves(body.base_model):
         served = ", ".join([settings.base_model, *settings.model_aliases])
         raise InvalidArgumentError(f"create_model: base_model {body.base_model!r} is not served here (serving: "
@@ -94,15 +98,21 @@ async def forward_backward(request: Request) -> dict[str, str]:
 
     def store(db: Connection) -> dict[str, str]:
         try:  # decoding (zstd + protobuf) is CPU work: off the event loop, in the same hop as the database
-            decoded = decode_forward_backward_request(raw, encoding)
+            # Decompressed size capped at the body limit, checked while inflating: a small zstd bomb stops early.
+            decoded = decode_forward_backward_request(raw, encoding,
+                                                      max_bytes=request.app.state.settings.max_request_bytes)
         except ValueError as exc:
             raise InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}") from exc
         model_id, seq_id = decoded["model_id"], decoded["seq_id"]
-        require_model(db, model_id)
-        if decoded["loss_fn"] not in LOSS_FUNCTIONS:
-            raise InvalidArgumentError(f"forward_backward: loss_fn {decoded['loss_fn']!r} is not supported; use one "
-                                       f"of {', '.join(LOSS_FUNCTIONS)}")
         kind = "forward" if decoded["forward_only"] else "forward_backward"
+        check_seq_id(seq_id, kind)
+        require_model(db, model_id)
+        with consumes_seq_id(request, db, model_id=model_id, seq_id=seq_id, request_type=kind):
+            if decoded["loss_fn"] not in LOSS_FUNCTIONS:
+                raise InvalidArgumentError(f"{kind}: loss_fn {decoded['loss_fn']!r} is not supported; use one "
+                                           f"of {', '.join(LOSS_FUNCTIONS)}")
+            check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
+            check_datums(decoded["data"], request.app.state.max_positions, kind)
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
                "data": json_datums(decoded["data"])}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
@@ -114,13 +124,17 @@ async def forward_backward(request: Request) -> dict[str, str]:
 
 @router.post("/optim_step")
 async def optim_step(body: OptimStepRequest, request: Request) -> dict[str, str]:
-    if body.adam_params is None:
-        kind = (body.optimizer_params or {}).get("type", "unknown")
-        raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params (AdamW)")
-    job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
+    check_seq_id(body.seq_id, "optim_step")
 
     def store(db: Connection) -> dict[str, str]:
         require_model(db, body.model_id)
+        with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="optim_step"):
+            if body.adam_params is None:
+                kind = (body.optimizer_params or {}).get("type", "unknown")
+                raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params "
+                                           "(AdamW)")
+            check_adam(body.adam_params)
+        job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                                   request_type="optim_step", body=job, model_id=body.model_id, seq_id=body.seq_id)
         return {"request_id": future_id, "model_id": body.model_id}

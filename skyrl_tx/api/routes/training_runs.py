@@ -140,7 +140,7 @@ def external_weights_urls(run_id: str, kind: str, name: str, request: Request, d
     row = _ready(db, run_id, kind, name)
     expires = int(time.time()) + URL_LIFETIME_S
     secret = request.app.state.download_secret
-    base = str(request.base_url).rstrip("/")
+    base = request.app.state.settings.public_base_url()  # never the request's Host header: a client could set it
     urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&"
                   f"sig={_signature(secret, row.id, file, expires)}"
             for file in request.app.state.store.files(row.storage_uri)}
@@ -152,7 +152,8 @@ def download_checkpoint_file(checkpoint: int, file: str, expires: int, sig: str,
                              db: DbDep) -> StreamingResponse:
     """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory."""
     expected = _signature(request.app.state.download_secret, checkpoint, file, expires)
-    if not hmac.compare_digest(expected, sig) or expires < time.time():
+    # compare_digest takes ASCII strings only: any other character cannot be part of a hex signature anyway
+    if not sig.isascii() or not hmac.compare_digest(expected, sig) or expires < time.time():
         raise InvalidArgumentError("download: the URL's signature is invalid or expired; request new URLs")
     row = db.get(CheckpointRecord, checkpoint)
     if row is None or row.status != CheckpointStatus.READY.value:
