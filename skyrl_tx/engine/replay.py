@@ -42,7 +42,7 @@ def rebuild_models(loop: Any) -> list[str]:
                 db.get(ModelRecord, model.id).status = ModelStatus.FAILED.value
             continue
         rebuilt.append(model.id)
-        log.info("model %s rebuilt (%d requests replayed)", model.id, steps)
+        log.info("model %s rebuilt from its request log (%d requests replayed)", model.id, steps)
     return rebuilt
 
 

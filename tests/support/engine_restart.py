@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,12 +88,9 @@ class Server:
 
 def replayed(caplog: pytest.LogCaptureFixture) -> dict[str, int]:
     """model id → requests replayed, from recover()'s log."""
-    out = {}
-    for r in caplog.records:
-        text = r.getMessage()
-        if "rebuilt (" in text:
-            out[text.split()[1]] = int(text.split("(")[1].split()[0])
-    return out
+    found = (re.fullmatch(r"model (\S+) rebuilt from its request log \((\d+) requests replayed\)", r.getMessage())
+             for r in caplog.records)
+    return {m[1]: int(m[2]) for m in found if m}
 
 
 def assert_same_state(a: NativeBackend, b: NativeBackend, model: str = MODEL) -> None:
