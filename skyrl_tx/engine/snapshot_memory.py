@@ -11,6 +11,7 @@ ephemeral one from the spill file written, on a background thread and in the mod
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import shutil
@@ -146,6 +147,7 @@ class SnapshotMemory:
     def _spill(self, snapshot_id: str, state: dict[str, Any]) -> Path:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="skyrl-tx-snapshots-"))
+            atexit.register(shutil.rmtree, self._dir, True)  # spill files never outlive the engine
         path = self._dir / f"{hashlib.sha256(snapshot_id.encode()).hexdigest()[:32]}.safetensors"
         with open(path, "wb") as out:
             TensorFile(state, cast_to=self.dtype).write_to(out)
