@@ -3,6 +3,8 @@ rebuilds exactly the weights and AdamW state of the undisturbed engine (real cor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import select
 
@@ -24,8 +26,16 @@ def test_restart_starts_from_the_newest_snapshot_and_rebuilds_the_same_state(
     with server.sessions() as db:
         assert recovery_state.recovery_base(db, MODEL).seq_id == 16
         assert [s.seq_id for s in db.scalars(select(RecoverySnapshotRecord))] == [16]  # the older one was released
+    # Directories a dead engine left without a row (died between publish and record, or mid-write) go at start.
+    with server.sessions() as db:
+        kept = db.scalar(select(RecoverySnapshotRecord.location))
+    orphans = [Path(kept).with_name("000000000099"), Path(kept).with_name("000000000100.partial-0123456789ab")]
+    for orphan in orphans:
+        orphan.mkdir()
+        (orphan / "optimizer.safetensors").write_bytes(b"half")
     restarted, counts, _ = restart(server, caplog)
     assert counts == {MODEL: 5}  # seq 17..21, not the 21 since create
+    assert Path(kept).is_dir() and not any(orphan.exists() for orphan in orphans)
     assert_same_state(loop.backend, restarted.backend)
     # Training goes on identically from the restored state (pending gradients, AdamW step count and moments).
     for engine in (loop, restarted):
