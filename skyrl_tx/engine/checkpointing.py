@@ -189,7 +189,8 @@ class Checkpointer:
         if not self._is_full(model_id):
             self.backend.snapshot(model_id, snapshot_id)
             return
-        self.snapshot_memory.freeze(model_id, snapshot_id, self.backend.trainable_state(model_id))
+        named = snapshot_id.startswith("tinker://")  # reloads from its checkpoint: no host copy needed
+        self.snapshot_memory.freeze(model_id, snapshot_id, None if named else self.backend.trainable_state(model_id))
 
     def has_snapshot(self, snapshot_id: str) -> bool:
         """In memory, or evicted to disk and loaded back when sampled."""

@@ -44,6 +44,7 @@ class SnapshotMemory:
         self._resident: OrderedDict[str, int] = OrderedDict()  # snapshot id → bytes; least recently used first
         self._spilled: dict[str, Future[Path]] = {}  # ephemeral snapshot id → its spill file (maybe still writing)
         self._dir: Path | None = None
+        self._full_size: int | None = None  # bytes of one frozen full model
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-tx-snapshot-spill")
 
     @property
@@ -58,12 +59,18 @@ class SnapshotMemory:
         return sum(t.numel() for t in weights.values()) * self.dtype.itemsize
 
     # ---- engine thread ---------------------------------------------------------------------------
-    def freeze(self, model_id: str, snapshot_id: str, state: dict[str, Any]) -> None:
-        """A new snapshot of full model `model_id`; `state` is a host copy of its weights right now. It is made
-        resident if the budget has room (after evicting others), else it waits on disk for its first sample."""
+    def freeze(self, model_id: str, snapshot_id: str, state: dict[str, Any] | None) -> None:
+        """A new snapshot of full model `model_id`. `state`, a host copy of its weights right now, is needed
+        only by an ephemeral snapshot (a named one reloads from its checkpoint). It is made resident if the
+        budget has room (after evicting others), else it waits on disk for its first sample."""
         if not is_named(snapshot_id):  # only this copy can ever bring an ephemeral snapshot back
+            assert state is not None
             self._spilled[snapshot_id] = self._writer.submit(self._spill, snapshot_id, state)
-        size = self.size_of(state)
+        if state is not None:
+            self._full_size = self.size_of(state)
+        elif self._full_size is None:  # every full model is a copy of the base: one size for all
+            self._full_size = self.size_of(self.backend.trainable_state(model_id))
+        size = self._full_size
         if self._make_room(size, keep=snapshot_id):
             self.backend.snapshot(model_id, snapshot_id)
             self._resident[snapshot_id] = size
