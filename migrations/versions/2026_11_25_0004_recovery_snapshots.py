@@ -1,4 +1,4 @@
-"""recovery_snapshots: periodic internal snapshots that bound an engine restart's replay
+"""recovery_snapshots: periodic internal snapshots that bound an engine restart's replay; futures by age
 
 Revision ID: 0004
 Revises: 0003
@@ -34,8 +34,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_recovery_snapshots")),
     )
     op.create_index(op.f("ix_recovery_snapshots_model_id"), "recovery_snapshots", ["model_id"], unique=False)
+    # The retention sweep looks for finished futures by age.
+    op.create_index("ix_futures_status_completed_at", "futures", ["status", "completed_at"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_futures_status_completed_at", table_name="futures")
     op.drop_index(op.f("ix_recovery_snapshots_model_id"), table_name="recovery_snapshots")
     op.drop_table("recovery_snapshots")

@@ -239,3 +239,7 @@ class RecoverySnapshotRecord(Base):
     # When the state was copied (engine clock): sampler snapshots created before it predate it.
     taken_at: Mapped[datetime] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# The retention sweep (engine/retention.py) looks for finished futures by age.
+Index("ix_futures_status_completed_at", FutureRecord.__table__.c.status, FutureRecord.__table__.c.completed_at)
