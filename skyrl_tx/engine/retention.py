@@ -4,7 +4,10 @@ Kept, whatever their age: anything not finished; the create request of a live (p
 request of a live model from its recovery base on (engine/recovery_state.recovery_base: the snapshot a restart
 starts from, or, with none, the whole history), which also keeps its newest seq_id for ordering and its recent
 ones for idempotent retries. Old requests of live models before their base, of unloaded or failed models, and
-of no model (sampling) go. Each sweep deletes at most `batch` futures, so it never holds the engine long.
+of no model (sampling) go. Each sweep deletes at most `batch` futures, so it never holds the engine long;
+`maybe_sweep` (called from the engine's periodic sweep) runs one every SWEEP_EVERY_S, or at once while a backlog
+remains. A client retrying a request older than the window would have it stored anew: the window must exceed
+any client's retry horizon.
 
 Setting (environment): SKYRL_TX_FUTURES_RETENTION_HOURS (default 24).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -24,9 +28,20 @@ from skyrl_tx.engine import recovery_state
 log = logging.getLogger("skyrl_tx.engine")
 
 RETENTION_HOURS = float(os.environ.get("SKYRL_TX_FUTURES_RETENTION_HOURS", "24"))
-BATCH = 500  # futures deleted per sweep at most (a sweep runs every few seconds)
+BATCH = 500  # futures deleted per sweep at most
+SWEEP_EVERY_S = 60.0
 LIVE = (ModelStatus.PENDING.value, ModelStatus.READY.value)
 FINISHED = (FutureStatus.COMPLETED.value, FutureStatus.FAILED.value)
+
+
+def maybe_sweep(loop: Any) -> int:
+    """A retention sweep if one is due; returns the futures deleted."""
+    now = time.monotonic()
+    if now < getattr(loop, "_retention_next_sweep", 0.0):
+        return 0
+    deleted = sweep_retention(loop)
+    loop._retention_next_sweep = now + (0.0 if deleted >= BATCH else SWEEP_EVERY_S)  # a backlog: go on next time
+    return deleted
 
 
 def sweep_retention(loop: Any, retention_hours: float = RETENTION_HOURS, batch: int = BATCH) -> int:

@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 from engine_restart import MODEL, Server, assert_same_state, fb, restart
 from skyrl_tx.db.models import FutureRecord, RecoverySnapshotRecord, request_hash
 from skyrl_tx.engine import recovery_state
-from skyrl_tx.engine.retention import sweep_retention
+from skyrl_tx.engine.retention import maybe_sweep, sweep_retention
 
 GONE = "t:train:0"  # a model that is unloaded: nothing of it is needed any more
 
@@ -45,10 +45,12 @@ def test_sweep_keeps_what_recovery_needs_and_deletes_the_rest_in_batches(tmp_pat
     before = future_ids(server)
 
     assert sweep_retention(loop, retention_hours=24) == 0  # nothing is old yet
+    assert maybe_sweep(loop) == 0  # a periodic sweep ran: the next one is due in a minute
 
     with server.sessions.begin() as db:  # everything finished so far becomes two days old
         db.execute(update(FutureRecord).where(FutureRecord.completed_at.is_not(None)).values(
             completed_at=datetime.now(timezone.utc) - timedelta(days=2)))
+    assert maybe_sweep(loop) == 0  # not due yet, although there is work now
     sweeps = []
     while (deleted := sweep_retention(loop, retention_hours=24, batch=5)) > 0:
         sweeps.append(deleted)
