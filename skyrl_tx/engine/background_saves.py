@@ -53,7 +53,7 @@ class BackgroundSaves:
             self._done.append((model_id, token, None if error else future.result(), error))
         try:
             self.on_done()
-        except Exception:  # noqa: BLE001 - a failed wake-up only delays the poll to the engine's idle wait
+        except Exception:  # a failed wake-up only delays the poll to the engine's idle wait
             log.exception("save finished, but waking the engine failed")
 
     def finished(self) -> list[tuple[Any, Any, BaseException | None]]:

@@ -176,7 +176,7 @@ def test_another_users_sampling_keeps_its_throughput_while_a_100mb_model_is_save
         path = TinkerPath("a:train:0", "weights", f"step_{round_}")
         with_save.append(sampling_seconds(loop, f"save{round_}", path))
         assert loop.checkpointer.saves.wait(timeout=120)
-        step_until(loop, lambda: results(loop)[f"a:{round_}"].status != "running")
+        step_until(loop, lambda save_id=f"a:{round_}": results(loop)[save_id].status != "running")
         assert results(loop)[f"a:{round_}"].status == "completed"
         assert checkpoint_status(loop, path) == "ready"
     size = sum(loop.checkpointer.store.files(loop.checkpointer.store.location(path)).values())
