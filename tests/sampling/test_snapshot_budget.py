@@ -116,3 +116,33 @@ def test_snapshot_memory_is_a_backend_config_key() -> None:
     assert BackendSettings.from_json('{"snapshot_memory_mb": 512}').snapshot_memory_mb == 512
     with pytest.raises(InvalidArgumentError, match="snapshot_memory_mb"):
         BackendSettings.from_json('{"snapshot_memory_mb": 0}')
+
+
+def test_snapshots_serving_samples_stay_and_a_new_one_waits_on_disk(loop: EngineLoop) -> None:
+    memory = loop.checkpointer.snapshot_memory
+    memory.budget = int(2.5 * memory.size_of(loop.backend.trainable_state(MODEL)))
+    seq = 1
+    for name in ("s:sample:0", "s:sample:1"):
+        seq = train_step(loop, seq)
+        run(loop, future(f"{MODEL}:{seq}", "save_weights_for_sampler", {"model_id": MODEL, "sampling_session_id": name},
+                         MODEL, seq))
+        seq += 1
+    long = {**SAMPLE, "num_samples": 1, "sampling_params": {"max_tokens": 600, "temperature": 0.0}}
+    add(loop, future("long:0", "sample", {**long, "weights_id": "s:sample:0"}),
+        future("long:1", "sample", {**long, "weights_id": "s:sample:1"}))
+    loop.step()  # both start decoding
+    seq = train_step(loop, seq)
+    assert {results(loop)[i].status for i in ("long:0", "long:1")} == {"running"}, "the samples ended too soon"
+    saved = run(loop, future(f"{MODEL}:{seq}", "save_weights_for_sampler",
+                             {"model_id": MODEL, "sampling_session_id": "s:sample:2"}, MODEL, seq))
+    assert saved[f"{MODEL}:{seq}"].status == "completed"
+    assert {results(loop)[i].status for i in ("long:0", "long:1")} == {"running"}, "the samples ended too soon"
+    assert loop.backend.has_snapshot("s:sample:0") and loop.backend.has_snapshot("s:sample:1")
+    assert not loop.backend.has_snapshot("s:sample:2") and memory.holds("s:sample:2")  # on disk for now
+    run(loop, future("l0", "sample", {**SAMPLE, "weights_id": "s:sample:0"}))  # lets the long ones finish too
+    for _ in range(2000):
+        if all(results(loop)[i].status == "completed" for i in ("long:0", "long:1")):
+            break
+        loop.step()
+    assert sample(loop, "new", "s:sample:2")  # loads, evicting the least recently used idle snapshot
+    assert loop.backend.has_snapshot("s:sample:2") and within_budget(loop)
