@@ -11,7 +11,7 @@ namespace {
 std::atomic<int64_t> armed_micro_batch{-1};
 }  // namespace
 
-void fail_micro_batch(int64_t k) { armed_micro_batch.store(k < 0 ? -1 : k); }
+int64_t fail_micro_batch(int64_t k) { return armed_micro_batch.exchange(k < 0 ? -1 : k); }
 
 void after_micro_batch(int64_t index) {
   int64_t expected = index;

@@ -32,7 +32,8 @@ PYBIND11_MODULE(_C, m) {
     return info;
   });
 #ifdef SKYRL_TX_TESTING
-  // Test builds only (SKYRL_TX_BUILD_TESTS=ON): a one-shot failure of training micro-batch k (< 0 disarms).
+  // Test builds only (SKYRL_TX_BUILD_TESTS=ON): a one-shot failure of training micro-batch k (< 0 disarms);
+  // returns what was armed before (-1 once the failure fired).
   m.def("_testing_fail_micro_batch", &skyrl_tx::backend::fault_injection::fail_micro_batch, py::arg("k"));
 #endif
   skyrl_tx::bindings::bind_errors(m);

@@ -15,9 +15,16 @@ from train_reference import (
     random_sequences,
 )
 
+from engine_rows import add, create, future, results
+
 from skyrl_tx._ext import load_extension
 from skyrl_tx.backend.native import NativeBackend
+from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.config import BackendSettings
+from skyrl_tx.db import migrate
+from skyrl_tx.db.session import make_engine, make_session_factory
+from skyrl_tx.engine.checkpointing import Checkpointer
+from skyrl_tx.engine.loop import EngineLoop
 from skyrl_tx.errors import ResourceExhaustedError
 from skyrl_tx.types import TrainRequest
 
@@ -93,3 +100,47 @@ def test_failed_micro_batch_changes_no_gradient(tiny_model_dir, gradient_checkpo
         for model_id in MODELS:
             backend.optim_step(model_id, ROBUST_ADAM)
     assert_dicts_close(state(live), state(ref), 1e-7, "weights of a run that never saw the failed batch")
+
+
+# ---- through the engine: its fallback reruns a failed batch's requests one by one -------------------------------
+def engine_loop(path, tiny_model_dir) -> EngineLoop:
+    """An EngineLoop on the real core (as tests/engine's fixture) whose 4-token rows pack 2 per micro-batch."""
+    path.mkdir()
+    url = f"sqlite:///{path / 'engine.db'}"
+    migrate.upgrade(url)
+    model_dir = tiny_model_dir("tiny-qwen3")
+    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=2, train_micro_batch_tokens=8))
+    sessions = make_session_factory(make_engine(url))
+    checkpointer = Checkpointer(backend, CheckpointStore(str(path / "checkpoints")), sessions, model_dir)
+    return EngineLoop(backend, sessions, checkpointer, session_timeout_s=60)
+
+
+def datum(first: int) -> dict:
+    tokens = list(range(first, first + 5))
+    return {"input_tokens": tokens[:-1], "loss_fn_inputs": {
+        "target_tokens": {"dtype": "int64", "shape": [4], "values": tokens[1:]},
+        "weights": {"dtype": "float32", "shape": [4], "values": [1.0, 1.0, 1.0, 1.0]}}}
+
+
+def test_engine_rerun_after_a_failed_micro_batch_applies_each_row_once(tmp_path, tiny_model_dir) -> None:
+    """Two models' forward_backward requests form one batch of 3 micro-batches (5 rows, 2 per micro-batch); the
+    second fails, the engine reruns each request alone, and the gradients are those of an undisturbed run."""
+    models = {"s:a:0": [datum(5), datum(40), datum(80)], "s:b:0": [datum(120), datum(160)]}
+    loops = {"failed": engine_loop(tmp_path / "failed", tiny_model_dir),
+             "undisturbed": engine_loop(tmp_path / "undisturbed", tiny_model_dir)}
+    for name, loop in loops.items():
+        for i, (model_id, data) in enumerate(models.items()):
+            create(loop, f"s{i}", model_id)
+        add(loop, *(future(f"{model_id}:1", "forward_backward", {"model_id": model_id, "loss_fn": "cross_entropy",
+                                                                  "loss_fn_config": {}, "data": data}, model_id, 1)
+                    for model_id, data in models.items()))
+        if name == "failed":
+            _C._testing_fail_micro_batch(1)
+        loop.step()
+        assert _C._testing_fail_micro_batch(-1) == -1, "the armed failure must have fired (and been consumed)"
+        assert {f.status for fid, f in results(loop).items() if fid.endswith(":1")} == {"completed"}, name
+    for model_id in models:
+        got, want = (loops[name].backend.trainable_grads(model_id) for name in ("failed", "undisturbed"))
+        assert max(g.abs().max().item() for g in want.values()) > 1e-3
+        # The rerun packs rows differently from the batch (one request at a time): equal up to summation order.
+        assert_dicts_close(got, want, 1e-5, f"{model_id} gradients after the engine's rerun")
