@@ -58,6 +58,19 @@ def check_finite_mapping(values: Mapping[str, Any] | None, name: str, what: str)
             check_finite(value, f"{name}[{key!r}]", what)
 
 
+def check_json_finite(value: Any, name: str, what: str) -> None:
+    """Free-form JSON (user_metadata): no NaN or infinity anywhere (PostgreSQL's JSON refuses them, and so does
+    the canonical JSON of the idempotency hash)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentError(f"{what}: {name} holds {value!r}; JSON values must be finite numbers")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_json_finite(item, f"{name}[{key!r}]", what)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json_finite(item, f"{name}[{i}]", what)
+
+
 def check_adam(params: AdamParams, what: str = "optim_step") -> None:
     """Values AdamW can only turn into NaN (or a step against the gradient) are refused before they reach a model."""
     for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):

@@ -287,3 +287,24 @@ def test_the_client_still_trains_after_all_that(training_client: Any) -> None:
     assert math.isfinite(fwd.metrics["loss:sum"])
     metrics = training_client.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=120).metrics
     assert math.isfinite(metrics["grad_norm"])
+
+
+def test_non_finite_metadata_is_a_bad_request(http: httpx.Client) -> None:
+    body = {"tags": [], "user_metadata": {"score": [1.0, float("nan")]}}
+    r = http.post("/api/v1/create_session", content=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json"})
+    assert "user_metadata['score'][1]" in error_json(r, 400)
+
+
+def test_public_url_setting() -> None:
+    from skyrl_tx.config import ServerSettings
+    from skyrl_tx.errors import InvalidArgumentError
+
+    assert ServerSettings("m", host="10.0.0.5", port=9000).public_base_url() == "http://10.0.0.5:9000"
+    assert ServerSettings("m", host="0.0.0.0", port=9000).public_base_url() == "http://127.0.0.1:9000"
+    settings = ServerSettings("m", public_url="https://tinker.example.com/")
+    settings.validate()
+    assert settings.public_base_url() == "https://tinker.example.com"
+    for bad in ("tinker.example.com", "ftp://x", "https://x/?a=1"):
+        with pytest.raises(InvalidArgumentError, match="--public-url"):
+            ServerSettings("m", public_url=bad).validate()

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.submit import consumes_seq_id, require_model, submit_future
-from skyrl_tx.api.validation import check_model_seq_id, check_seq_id
+from skyrl_tx.api.validation import check_json_finite, check_model_seq_id, check_seq_id
 from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
@@ -106,6 +106,7 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
         return {"request_id": future_id, "model_id": body.model_id}
     check_model_seq_id(body.model_seq_id or 0, "load_weights")
+    check_json_finite(body.user_metadata, "user_metadata", "load_weights")
     path, meta = _training_checkpoint(db, body.path)
     job = {"path": str(path), "optimizer": body.optimizer}
     if db.get(SessionRecord, body.session_id) is None:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.validation import check_json_finite
 from skyrl_tx.db.models import SessionRecord, SessionStatus
 from skyrl_tx.db.unload_requests import request_unloads
 from skyrl_tx.errors import NotFoundError
@@ -45,6 +46,7 @@ def dynamic_config() -> dict[str, Any]:
 @router.post("/create_session")
 def create_session(body: CreateSessionRequest, db: DbDep) -> dict[str, str]:
     # Session ids appear inside model ids ("<session>:train:<n>") and URLs: no ':' and no '/'.
+    check_json_finite(body.user_metadata, "user_metadata", "create_session")
     session_id = uuid.uuid4().hex
     db.add(SessionRecord(id=session_id, tags=body.tags, user_metadata=body.user_metadata,
                          sdk_version=body.sdk_version))

@@ -11,8 +11,8 @@ from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.submit import consumes_seq_id, live_model, require_model, submit_future
-from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_model_seq_id, check_seed,
-                                     check_seq_id)
+from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_json_finite,
+                                     check_model_seq_id, check_seed, check_seq_id)
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
@@ -59,6 +59,7 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
         raise NotFoundError(f"create_model: session {body.session_id!r} not found; create a session first")
     check_model_seq_id(body.model_seq_id, "create_model")
     check_seed(body.lora_config.seed, "create_model", "lora_config.seed")
+    check_json_finite(body.user_metadata, "user_metadata", "create_model")
     if not settings.serves(body.base_model):
         served = ", ".join([settings.base_model, *settings.model_aliases])
         raise InvalidArgumentError(f"create_model: base_model {body.base_model!r} is not served here (serving: "
