@@ -2,8 +2,9 @@
 
 Every training and sampling call goes through these once or twice on the API side and twice in the engine.
 Built once and executed with parameters, they skip the ORM's unit of work, identity map and per-call statement
-construction, and read only the columns the caller needs (never the stored request body when polling);
-`python -m skyrl_tx.bench api` measures what that saves.
+construction, and read only the columns the caller needs: the engine's scan reads metadata, never a binary body
+(it loads the bodies of the requests it claims), and polling never reads the request. `python -m skyrl_tx.bench api`
+measures what that saves; `python -m skyrl_tx.bench.bodies` what binary bodies save on a large forward_backward.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ SAMPLERS = SamplingSessionRecord.__table__
 
 
 class FutureRow(Protocol):
-    """What the engine reads of a request: a Core row of PENDING, or a FutureRecord (same attribute names)."""
+    """What the engine reads of a request: a Core row of PENDING, or a FutureRecord (same attribute names). Its
+    binary body, if any, is loaded separately (engine/executor.py: train_requests)."""
 
     id: str
     session_id: str | None
@@ -37,7 +39,9 @@ class FutureRow(Protocol):
 
 class FutureOutcome(NamedTuple):
     """A finished future as retrieve_future renders it (OUTCOME's columns, plus its id). The engine hands it to
-    the API with its notification, so the long-poll it wakes need not read back what the engine just stored."""
+    the API with its notification, so the long-poll it wakes need not read back what the engine just stored.
+    `result` is JSON-able, or bytes: a binary result body (the ForwardBackwardOutput protobuf), stored in
+    `result_body`; or RESULT_IN_DATABASE where a notification from another process left the bytes out."""
 
     id: str
     status: str
@@ -46,23 +50,55 @@ class FutureOutcome(NamedTuple):
     error: dict[str, Any] | None
 
 
+class _InDatabase:
+    def __repr__(self) -> str:
+        return "RESULT_IN_DATABASE"
+
+
+RESULT_IN_DATABASE: Any = _InDatabase()  # an outcome whose binary result is read from the database, not sent
+
+
+def outcome_to_json(o: FutureOutcome) -> list[Any]:
+    """An outcome for a JSON message between processes: a binary result stays in the database (re-reading ~1 MB
+    there is cheaper than encoding it as text and decoding it again)."""
+    binary = isinstance(o.result, bytes)
+    return [o.id, o.status, o.request_type, None if binary else o.result, o.error, binary]
+
+
+def outcome_from_json(fields: list[Any]) -> FutureOutcome:
+    id_, status, request_type, result, error, *binary = fields
+    return FutureOutcome(id_, status, request_type, RESULT_IN_DATABASE if binary and binary[0] else result, error)
+
+
+def finish_params(outcomes: list[FutureOutcome], now: datetime) -> list[dict[str, Any]]:
+    """FINISH's parameters: a bytes result goes to the binary column, anything else to the JSON one."""
+    return [{"id_": o.id, "status_": o.status, "error_": o.error, "now": now,
+             "result_": None if isinstance(o.result, bytes) else o.result,
+             "result_body_": o.result if isinstance(o.result, bytes) else None} for o in outcomes]
+
+
 Notify = Callable[[list[FutureOutcome]], None]  # the engine's "these futures just finished"
 
 
-# The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names).
-PENDING = select(FUTURES).where(FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
+# The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names), metadata only.
+PENDING = select(FUTURES.c.id, FUTURES.c.session_id, FUTURES.c.model_id, FUTURES.c.request_type, FUTURES.c.seq_id,
+                 FUTURES.c.request, FUTURES.c.attempts, FUTURES.c.created_at).where(
+    FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
+# The binary bodies of the requests the engine claimed (an expanding IN list: one round trip per batch).
+REQUEST_BODIES = select(FUTURES.c.id, FUTURES.c.request_body).where(FUTURES.c.id.in_(bindparam("ids", expanding=True)))
 # Column defaults (status pending, attempts 0, created_at now) are applied by Core as well.
 INSERT_FUTURE = insert(FUTURES)
 REQUEST_HASH = select(FUTURES.c.request_hash).where(FUTURES.c.id == bindparam("id_"))
 MODEL_STATUS = select(MODELS.c.status).where(MODELS.c.id == bindparam("id_"))
 # What asample needs of its sampling session: the weights it samples from and the owning session.
 SAMPLER_WEIGHTS = select(SAMPLERS.c.snapshot_id, SAMPLERS.c.session_id).where(SAMPLERS.c.id == bindparam("id_"))
-# What retrieve_future renders: the row's status, type, result and error (not the request).
-OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.error).where(
-    FUTURES.c.id == bindparam("id_"))
+# What retrieve_future renders: the row's status, type, result (JSON or binary) and error (not the request).
+OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.result_body,
+                 FUTURES.c.error).where(FUTURES.c.id == bindparam("id_"))
 # executemany: one parameter dict per claimed future (an expanding IN list would be re-rendered on every call).
 MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=FutureStatus.RUNNING.value, started_at=bindparam("now"), attempts=FUTURES.c.attempts + 1)
-# executemany: one parameter dict per finished future.
+# executemany: one parameter dict per finished future (finish_params).
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
-    status=bindparam("status_"), result=bindparam("result_"), error=bindparam("error_"), completed_at=bindparam("now"))
+    status=bindparam("status_"), result=bindparam("result_"), result_body=bindparam("result_body_"),
+    error=bindparam("error_"), completed_at=bindparam("now"))

@@ -1,12 +1,23 @@
-"""Turns stored request JSON into backend calls and backend results into stored result JSON."""
+"""Turns stored requests (JSON metadata + binary body) into backend calls, and backend results into stored results.
+
+The one place that reads a stored request: the engine loop and replay after a restart both go through here. A
+forward / forward_backward is stored as the SDK's ForwardBackwardRequest protobuf (`request_body`) beside small
+JSON metadata; its result is stored as the ForwardBackwardOutput protobuf that retrieve_future sends as is.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from sqlalchemy import Engine
 
+from skyrl_tx.db import future_queries
+from skyrl_tx.db.future_queries import FutureRow
 from skyrl_tx.types import AdamParams, Datum, SampleRequest, SampleResult, SamplingParams, TrainRequest, TrainResult
+from skyrl_tx.wire import codec
 
 # Tinker trains LoRA with a fixed alpha and 1/r scaling, so the learning rate transfers across ranks
 # (Thinking Machines, "LoRA Without Regret", 2025).
@@ -15,23 +26,50 @@ LORA_ALPHA = 32.0
 TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
-def _tensor(spec: dict[str, Any]) -> torch.Tensor:
+def _json_tensor(spec: dict[str, Any]) -> torch.Tensor:
     values = torch.tensor(spec["values"], dtype=TORCH_DTYPES[spec["dtype"]])
     shape = spec.get("shape") or [len(spec["values"])]
     return values.reshape(shape)
 
 
-def train_request(request: dict[str, Any]) -> TrainRequest:
-    data = [Datum(torch.tensor(d["input_tokens"], dtype=torch.int64),
-                  {name: _tensor(spec) for name, spec in d["loss_fn_inputs"].items()})
-            for d in request["data"]]
+def _array_tensor(spec: dict[str, Any]) -> torch.Tensor:
+    # The codec's arrays are read-only views of the body: one copy makes them the backend's own tensors.
+    return torch.from_numpy(np.array(spec["values"]).reshape(spec["shape"]))
+
+
+def train_request(request: dict[str, Any], body: bytes | None = None) -> TrainRequest:
+    """A stored forward / forward_backward: `request` is its JSON column, `body` its request_body (None for rows
+    stored before binary bodies, whose datums are in the JSON)."""
+    if body is None:
+        data = [Datum(torch.tensor(d["input_tokens"], dtype=torch.int64),
+                      {name: _json_tensor(spec) for name, spec in d["loss_fn_inputs"].items()})
+                for d in request["data"]]
+    else:
+        decoded = codec.decode_forward_backward_request(body, None)  # checked by the API before it was stored
+        data = [Datum(torch.from_numpy(d["input_tokens"].astype(np.int64)),  # [n] int64
+                      {name: _array_tensor(spec) for name, spec in d["loss_fn_inputs"].items()})
+                for d in decoded["data"]]
     config = {k: float(v) for k, v in (request.get("loss_fn_config") or {}).items()}
     return TrainRequest(request["model_id"], data, request["loss_fn"], config)
 
 
-def train_result(result: TrainResult) -> dict[str, Any]:
-    return {"loss_fn_outputs": [{name: t.tolist() for name, t in out.items()} for out in result.loss_fn_outputs],
-            "metrics": result.metrics}
+def train_requests(database: Engine, futures: Sequence[FutureRow]) -> list[TrainRequest]:
+    """The TrainRequests of stored forward / forward_backward rows (FutureRow: id and request are enough), their
+    binary bodies loaded in one query: the engine's scan reads metadata only."""
+    ids = [f.id for f in futures if "data" not in f.request]
+    bodies: dict[str, bytes] = {}
+    if ids:
+        with database.connect() as db:
+            bodies = {id_: bytes(body) for id_, body in db.execute(future_queries.REQUEST_BODIES, {"ids": ids})}
+    return [train_request(f.request, bodies.get(f.id)) for f in futures]
+
+
+def train_result(result: TrainResult) -> bytes:
+    """The stored (and sent) form of a forward / forward_backward result: a ForwardBackwardOutput protobuf, made
+    from the tensors' bytes (no Python lists of floats)."""
+    outputs = [{name: t.detach().to("cpu", torch.float32).numpy() for name, t in out.items()}
+               for out in result.loss_fn_outputs]
+    return codec.encode_forward_backward_output(outputs, result.metrics)
 
 
 def adam_params(request: dict[str, Any]) -> AdamParams:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from skyrl_tx.db.future_queries import FutureOutcome, Notify
+from skyrl_tx.db.future_queries import FutureOutcome, Notify, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -33,11 +33,11 @@ DONE = "done "
 
 def done_line(outcomes: list[FutureOutcome]) -> str:
     """The engine's report of finished futures (one line: json.dumps escapes newlines)."""
-    return DONE + json.dumps([list(o) for o in outcomes])
+    return DONE + json.dumps([outcome_to_json(o) for o in outcomes])  # binary results stay in the database
 
 
 def parse_done_line(line: str) -> list[FutureOutcome]:
-    return [FutureOutcome(*fields) for fields in json.loads(line[len(DONE):])]
+    return [outcome_from_json(fields) for fields in json.loads(line[len(DONE):])]
 
 
 class EngineProcess:

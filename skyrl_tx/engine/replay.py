@@ -68,7 +68,7 @@ def _replay(loop: Any, model_id: str) -> int:
     for f in history:
         request = f.request
         if f.request_type == "forward_backward":
-            loop.backend.forward_backward([executor.train_request(request)])
+            loop.backend.forward_backward(executor.train_requests(loop.database, [f]))
         elif f.request_type == "optim_step":
             loop.backend.optim_step(model_id, executor.adam_params(request))
         elif f.request_type == "load_weights":

@@ -171,13 +171,6 @@ def decode_forward_backward_request(body: bytes, content_encoding: str | None,
     }
 
 
-def json_datums(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decoded datums with lists instead of arrays (the JSON request column; goes away with binary bodies)."""
-    return [{"input_tokens": d["input_tokens"].tolist(),
-             "loss_fn_inputs": {k: {**t, "values": t["values"].tolist()} for k, t in d["loss_fn_inputs"].items()}}
-            for d in data]
-
-
 def _packed(values: Any, dtype: np.dtype, what: str) -> bytes:
     try:
         return np.asarray(values, dtype=dtype).tobytes()

@@ -13,12 +13,13 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.db.models import CheckpointRecord, ModelRecord, SessionRecord
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import PARTIAL_MARKER
+from skyrl_tx.db.future_queries import RESULT_IN_DATABASE
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import MAX_ATTEMPTS, EngineLoop
 from skyrl_tx.engine.process import done_line, parse_done_line
 from skyrl_tx.engine.snapshots import KEEP_PER_MODEL
 
-from engine_rows import DATUM, add, create, future, results
+from engine_rows import DATUM, add, create, future, results, stored_result
 
 
 def test_requests_of_two_models_run_in_seq_order_with_barriers(loop: EngineLoop) -> None:
@@ -33,7 +34,7 @@ def test_requests_of_two_models_run_in_seq_order_with_barriers(loop: EngineLoop)
         loop.step()
     done = results(loop)
     assert all(done[f"s:train:0:{i}"].status == "completed" for i in (1, 2, 3))
-    first, after = done["s:train:0:1"].result, done["s:train:0:3"].result
+    first, after = stored_result(done["s:train:0:1"]), stored_result(done["s:train:0:3"])
     # seq 3 saw the weights after the optim step of seq 2, so its loss is lower than seq 1's.
     assert after["metrics"]["loss:sum"] < first["metrics"]["loss:sum"]
 
@@ -54,10 +55,31 @@ def test_finished_futures_are_reported_as_stored(loop: EngineLoop) -> None:
     stored = results(loop)
     assert {o.id for o in reported} == {"s:train:0:create", "s:train:0:1", "s:train:0:2", "s:train:0:3"}
     assert [o.status for o in reported if o.id == "s:train:0:2"] == ["failed"]
-    for outcome in parse_done_line(done_line(reported)):
+    for outcome in reported:  # in process: a forward_backward's result is the stored protobuf itself
         row = stored[outcome.id]
         assert (outcome.status, outcome.request_type, outcome.result, outcome.error) == (
-            row.status, row.request_type, row.result, row.error)
+            row.status, row.request_type, row.result if row.result_body is None else row.result_body, row.error)
+    assert isinstance(stored["s:train:0:1"].result_body, bytes) and stored["s:train:0:1"].result is None
+    for outcome in parse_done_line(done_line(reported)):  # between processes: binary results stay in the database
+        row = stored[outcome.id]
+        assert (outcome.status, outcome.request_type, outcome.result, outcome.error) == (
+            row.status, row.request_type, row.result if row.result_body is None else RESULT_IN_DATABASE, row.error)
+
+
+def test_rows_stored_before_binary_bodies_still_run(loop: EngineLoop) -> None:
+    """A forward_backward stored with its datums in the JSON column (before migration 0003) gives the same result
+    as the same request stored as a protobuf body."""
+    create(loop, "s", "s:train:0")
+    fb = {"model_id": "s:train:0", "loss_fn": "cross_entropy", "loss_fn_config": {}, "data": [DATUM, DATUM]}
+    add(loop, future("s:train:0:1", "forward", fb, "s:train:0", 1, legacy_json=True),
+        future("s:train:0:2", "forward", fb, "s:train:0", 2))
+    loop.step()
+    done = results(loop)
+    assert done["s:train:0:1"].request_body is None and "data" in done["s:train:0:1"].request
+    assert "data" not in done["s:train:0:2"].request
+    legacy, binary = stored_result(done["s:train:0:1"]), stored_result(done["s:train:0:2"])
+    assert len(binary["loss_fn_outputs"]) == 2 and len(binary["loss_fn_outputs"][0]["logprobs"]) == 4
+    assert binary == legacy
 
 
 def test_bad_request_in_a_batch_fails_alone_with_a_user_error(loop: EngineLoop) -> None:

@@ -1,4 +1,7 @@
-"""retrieve_future: long-polls a future; results as protobuf where the SDK asks for it, else JSON."""
+"""retrieve_future: long-polls a future; results as protobuf where the SDK asks for it, else JSON.
+
+A forward / forward_backward result is stored as the SDK's ForwardBackwardOutput protobuf (engine/executor.py) and
+sent as stored; JSON is made from it only for a client that does not accept protobuf."""
 
 from __future__ import annotations
 
@@ -8,13 +11,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from skyrl_tx.api.json_response import FiniteJSONResponse as JSONResponse  # results may hold NaN
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Row
 
 from skyrl_tx.db import future_queries
-from skyrl_tx.db.future_queries import FutureOutcome
+from skyrl_tx.db.future_queries import RESULT_IN_DATABASE, FutureOutcome
 from skyrl_tx.db.models import FutureStatus
 from skyrl_tx.errors import NotFoundError
-from skyrl_tx.wire.codec import encode_forward_backward_output, encode_sample_response
+from skyrl_tx.wire.codec import decode_forward_backward_output, encode_forward_backward_output, encode_sample_response
 
 router = APIRouter(prefix="/api/v1")
 PROTOBUF = "application/x-protobuf"
@@ -28,20 +30,33 @@ class RetrieveFutureRequest(BaseModel):
     allow_metadata_only: bool = False
 
 
-def _load(request: Request, future_id: str) -> Row | None:
-    """The future's status, request_type, result and error (never its stored request body)."""
+def _load(request: Request, future_id: str) -> FutureOutcome | None:
+    """The future's status, request_type, result (the binary one where it has one) and error, never its request."""
     with request.app.state.database.connect() as db:
-        return db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
+        row = db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
+    if row is None:
+        return None
+    result = row.result if row.result_body is None else bytes(row.result_body)  # a driver may hand a memoryview
+    return FutureOutcome(future_id, row.status, row.request_type, result, row.error)
 
 
-def _render(future: Row | FutureOutcome, accept: str) -> Response:
+def _forward_backward_json(body: bytes) -> dict[str, Any]:
+    output_type, outputs, metrics = decode_forward_backward_output(body)
+    return {"loss_fn_output_type": output_type, "metrics": metrics,
+            "loss_fn_outputs": [{k: {"data": v.tolist(), "dtype": "float32", "shape": [len(v)]} for k, v in out.items()}
+                                for out in outputs]}
+
+
+def _render(future: FutureOutcome, accept: str) -> Response:
     if future.status == FutureStatus.FAILED.value:
         error = future.error or {}
         return JSONResponse({"error": error.get("message", "request failed"), "category": error.get("category", "server")})
     result: Any = future.result
     wants_proto = PROTOBUF in accept
     if future.request_type in ("forward", "forward_backward"):
-        if wants_proto:
+        if isinstance(result, bytes):  # the stored ForwardBackwardOutput: sent as it is
+            return Response(result, media_type=PROTOBUF) if wants_proto else JSONResponse(_forward_backward_json(result))
+        if wants_proto:  # a result stored as JSON before binary bodies (migration 0003)
             body = encode_forward_backward_output(result["loss_fn_outputs"], result["metrics"])
             return Response(body, media_type=PROTOBUF)
         outputs = [{k: {"data": v, "dtype": "float32", "shape": [len(v)]} for k, v in out.items()}
@@ -78,7 +93,9 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Resp
                 pass
             waiter.event.clear()
             # Woken by the engine: it handed over what it stored. A recheck reads the database.
-            future = waiter.outcome or await asyncio.to_thread(_load, request, body.request_id)
+            future = waiter.outcome
+            if future is None or future.result is RESULT_IN_DATABASE:  # a recheck, or a result left out of the wake-up
+                future = await asyncio.to_thread(_load, request, body.request_id)
         return _render(future, request.headers.get("accept", ""))
     finally:
         waiters.unregister(body.request_id, waiter)

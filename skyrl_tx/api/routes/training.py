@@ -16,7 +16,7 @@ from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapp
 from skyrl_tx.db.models import ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
-from skyrl_tx.wire.codec import decode_forward_backward_request, json_datums
+from skyrl_tx.wire.codec import decode_forward_backward_request
 
 router = APIRouter(prefix="/api/v1")
 
@@ -114,10 +114,10 @@ async def forward_backward(request: Request) -> dict[str, str]:
                                            f"of {', '.join(LOSS_FUNCTIONS)}")
             check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
             check_datums(decoded["data"], request.app.state.max_positions, kind)
-        job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"],
-               "data": json_datums(decoded["data"])}
+        # The datums stay in the SDK's protobuf, stored (and hashed) as bytes; the JSON holds the metadata.
+        job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
-                                  model_id=model_id, seq_id=seq_id)
+                                  model_id=model_id, seq_id=seq_id, binary_body=decoded["body"])
         return {"request_id": future_id, "model_id": model_id}
 
     return await in_db(request, store)
