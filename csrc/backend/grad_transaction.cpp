@@ -22,16 +22,19 @@ GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<in
                                  const std::vector<const models::CausalLM*>& full_models) {
   for (int64_t slot : lora_slots) {
     for (const models::NamedLoraModule& m : base.lora_modules()) {
-      lora_.push_back({m.module, slot, m.module->take_slot_grads(slot)});
+      lora_.push_back({m.module, slot, {}});
     }
   }
   std::unordered_set<const c10::TensorImpl*> seen;  // a tied tensor is set aside once
   for (const models::CausalLM* model : full_models) {
     for (const auto& [name, param] : model->named_parameters()) {
-      if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
-      params_.push_back({param, std::exchange(param.mutable_grad(), at::Tensor())});
+      if (seen.insert(param.unsafeGetTensorImpl()).second) params_.push_back({param, at::Tensor()});
     }
   }
+  // Only now, with nothing left that allocates (and could throw before a destructor exists to undo it),
+  // set the gradients aside.
+  for (LoraGrads& g : lora_) g.before = g.module->take_slot_grads(g.slot);
+  for (ParamGrad& p : params_) p.before = std::exchange(p.param.mutable_grad(), at::Tensor());
 }
 
 void GradTransaction::commit() {
