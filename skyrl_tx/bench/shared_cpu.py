@@ -5,10 +5,11 @@ Method: per policy, one live server (`python -m skyrl_tx.api`, engine as a child
 fresh data directory and no thread settings in its environment (OMP_NUM_THREADS etc. removed, so the policy
 decides; `torch` sets SKYRL_TX_THREADS=torch, the old behaviour). Through the tinker SDK, a LoRA training
 client runs the quickstart's step (forward_backward on the 7 Pig Latin examples + optim_step, both awaited) in
-rounds: a block of steps alone, then a block with one CPU-bound process beside it (a Python busy loop), so slow
-drift on a shared machine hits both alike. Each block starts with untimed warm-up steps. Reported per policy and
-load: step p50 / p90 over the timed steps. Target (policy `fit`): with the busy process, p90 <= 2x p50 and p50
-within 1.5x of the p50 without it.
+rounds: a block of steps alone, then a block with one CPU-bound process beside it (a Python busy loop). The
+servers of all policies stay up and their blocks alternate, so slow drift in the machine's load (other work on
+a shared machine) hits every policy and load alike. Each block starts with untimed warm-up steps. Reported per
+policy and load: step p50 / p90 over the timed steps. Target (policy `fit`): with the busy process, p90 <= 2x
+p50 and p50 within 1.5x of the p50 without it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from typing import Any
 
 from skyrl_tx.bench.api import READY_MARKER, _free_port, _healthy, percentile
 from skyrl_tx.bench.report import write_json
+from skyrl_tx.engine.threads import CHOSEN_ENV, POLICY_ENV, WAIT_ENV
 
-POLICIES = {"torch": {"SKYRL_TX_THREADS": "torch"}, "fit": {}}  # extra server environment per policy
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-              "SKYRL_TX_THREADS")
+POLICIES = {"torch": {POLICY_ENV: "torch"}, "fit": {}}  # extra server environment per policy
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", POLICY_ENV, CHOSEN_ENV, *WAIT_ENV)  # removed: the policy decides
 EXAMPLES = [("banana split", "anana-bay plit-say"), ("quantum physics", "uantum-qay ysics-phay"),
             ("donut shop", "onut-day op-shay"), ("pickle jar", "ickle-pay ar-jay"),
             ("space exploration", "ace-spay exploration-way"), ("rubber duck", "ubber-ray uck-day"),
@@ -59,6 +60,11 @@ def server(base_model: str, policy_env: dict[str, str], timeout_s: float = 180.0
                                    + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
             time.sleep(0.1)
         yield url, log_path
+    except BaseException:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        print(f"bench shared-cpu: server log tail ({base_model}, {policy_env or 'policy fit'}):\n{tail}",
+              file=sys.stderr)
+        raise
     finally:
         proc.terminate()
         try:
@@ -87,40 +93,36 @@ def engine_threads_line(log_path: Path) -> str:
     return "no thread log line (torch defaults)"
 
 
-def run_policy(policy: str, base_model: str, rounds: int, steps: int, warmup: int) -> dict[str, Any]:
-    with server(base_model, POLICIES[policy]) as (url, log_path):
-        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+class PigLatinTrainer:
+    """A LoRA training client on one live server, running the quickstart's training step."""
+
+    def __init__(self, url: str, base_model: str, stack: contextlib.ExitStack):
         import tinker
         from tinker import types
 
-        times: dict[str, list[float]] = {"idle": [], "busy": []}
-        with tinker.ServiceClient(base_url=url) as service:
-            trainer = service.create_lora_training_client(base_model=base_model, rank=8).result()
-            tokenizer = trainer.get_tokenizer()
-            data = []
-            for english, pig in EXAMPLES:
-                prompt = tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
-                completion = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
-                tokens, weights = prompt + completion, [0] * len(prompt) + [1] * len(completion)
-                data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens=tokens[:-1]),
-                                        loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))
-            adam = types.AdamParams(learning_rate=1e-4)
+        service = stack.enter_context(tinker.ServiceClient(base_url=url))
+        self.trainer = service.create_lora_training_client(base_model=base_model, rank=8).result()
+        tokenizer = self.trainer.get_tokenizer()
+        self.data = []
+        for english, pig in EXAMPLES:
+            prompt = tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
+            completion = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
+            tokens, weights = prompt + completion, [0] * len(prompt) + [1] * len(completion)
+            self.data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens=tokens[:-1]),
+                                         loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))
+        self.adam = types.AdamParams(learning_rate=1e-4)
 
-            def step() -> float:
-                start = time.perf_counter()
-                fwdbwd = trainer.forward_backward(data, "cross_entropy")
-                optim = trainer.optim_step(adam)
-                fwdbwd.result()
-                optim.result()
-                return time.perf_counter() - start
+    def step(self) -> float:
+        """Seconds for one step: forward_backward and optim_step submitted, then both awaited."""
+        start = time.perf_counter()
+        fwdbwd = self.trainer.forward_backward(self.data, "cross_entropy")
+        optim = self.trainer.optim_step(self.adam)
+        fwdbwd.result()
+        optim.result()
+        return time.perf_counter() - start
 
-            for _ in range(rounds):
-                for load in ("idle", "busy"):
-                    with busy_process() if load == "busy" else contextlib.nullcontext():
-                        for _ in range(warmup):
-                            step()
-                        times[load].extend(step() for _ in range(steps))
-        threads = engine_threads_line(log_path)
+
+def summarize(times: dict[str, list[float]], threads: str) -> dict[str, Any]:
     out: dict[str, Any] = {"engine_threads": threads}
     for load, values in times.items():
         out[load] = {"p50_s": percentile(values, 0.5), "p90_s": percentile(values, 0.9), "steps": len(values),
@@ -130,6 +132,24 @@ def run_policy(policy: str, base_model: str, rounds: int, steps: int, warmup: in
     out["busy_over_idle_p50"] = busy["p50_s"] / idle["p50_s"]
     out["met"] = (out["busy_p90_over_p50"] <= MAX_P90_OVER_P50 and out["busy_over_idle_p50"] <= MAX_BUSY_OVER_IDLE_P50)
     return out
+
+
+def run_policies(policies: list[str], base_model: str, rounds: int, steps: int, warmup: int) -> dict[str, Any]:
+    """Every policy's server stays up; their blocks alternate (round by round, policy by policy), so load that
+    other work puts on a shared machine hits each policy alike."""
+    os.environ.update(TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+    with contextlib.ExitStack() as stack:
+        servers = {p: stack.enter_context(server(base_model, POLICIES[p])) for p in policies}
+        trainers = {p: PigLatinTrainer(url, base_model, stack) for p, (url, _) in servers.items()}
+        times = {p: {"idle": [], "busy": []} for p in policies}
+        for _ in range(rounds):
+            for policy, trainer in trainers.items():
+                for load in ("idle", "busy"):
+                    with busy_process() if load == "busy" else contextlib.nullcontext():
+                        for _ in range(warmup):
+                            trainer.step()
+                        times[policy][load].extend(trainer.step() for _ in range(steps))
+        return {p: summarize(times[p], engine_threads_line(log_path)) for p, (_, log_path) in servers.items()}
 
 
 def run_shared_cpu(argv: list[str]) -> dict[str, Any]:
@@ -143,13 +163,16 @@ def run_shared_cpu(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    results = {p: run_policy(p, args.base_model, args.rounds, args.steps, args.warmup) for p in args.policies}
+    load_before = os.getloadavg()[0]
+    results = run_policies(args.policies, args.base_model, args.rounds, args.steps, args.warmup)
+    load_after = os.getloadavg()[0]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     report = {"benchmark": "shared-cpu", "base_model": args.base_model, "cores": cores, "rounds": args.rounds,
-              "steps_per_block": args.steps, "warmup": args.warmup,
+              "steps_per_block": args.steps, "warmup": args.warmup, "loadavg_1m": [load_before, load_after],
               "method": __doc__.split("Method: ", 1)[1].strip().replace("\n", " "), "policies": results}
     print(f"\nPig Latin training step (forward_backward + optim_step) on {args.base_model}, {cores} cores, "
-          f"{args.rounds} x {args.steps} steps per load\n")
+          f"{args.rounds} x {args.steps} steps per load; 1-min load average {load_before:.1f} before, "
+          f"{load_after:.1f} after (other work on the machine counts too)\n")
     print(f"{'policy':<7} {'idle p50':>9} {'idle p90':>9} {'busy p50':>9} {'busy p90':>9} "
           f"{'busy p90/p50':>13} {'busy/idle p50':>14}  target  engine threads")
     for name, r in results.items():

@@ -29,6 +29,9 @@ API_CORES = 1  # cores left to the API process on the same host (it parses, stor
 GPU_THREADS = 4  # CPU threads of a process whose compute runs on a GPU (kernel launches, host-side ops)
 INTEROP_THREADS = 1  # nothing in the engine runs independent torch ops concurrently (no at::launch / jit.fork)
 POLICY_ENV = "SKYRL_TX_THREADS"  # "torch": keep torch's defaults (benchmark baseline)
+# The count this policy put into OMP_NUM_THREADS: a rank or sampler engine started by an engine inherits it, and
+# must not take it for a user's explicit setting (it chooses its own share, given local_ranks).
+CHOSEN_ENV = "SKYRL_TX_CHOSEN_NUM_THREADS"
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
@@ -39,11 +42,12 @@ class ThreadChoice:
     source: str  # OMP_NUM_THREADS | num_threads | default | torch
     reason: str  # for the startup log: what the count was derived from
     env: dict[str, str]  # variables to set before torch (and its OpenMP) loads
+    waits: dict[str, str] = dataclasses.field(default_factory=dict)  # how OpenMP threads wait (set or inherited)
 
     def describe(self) -> str:
         if self.intra_op is None:
             return f"threads: torch defaults ({self.reason})"
-        waits = ", ".join(f"{k}={v}" for k, v in self.env.items() if k in WAIT_ENV) or "as the environment says"
+        waits = ", ".join(f"{k}={v}" for k, v in self.waits.items()) or "OpenMP's default"
         return (f"threads: intra-op {self.intra_op}, inter-op {self.inter_op} ({self.source}: {self.reason}); "
                 f"waiting threads: {waits}")
 
@@ -79,7 +83,10 @@ def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | No
     if environ.get(POLICY_ENV, "").strip().lower() == "torch":
         return ThreadChoice(None, None, "torch", f"{POLICY_ENV}=torch", {})
     cores = affinity_cores() if cores is None else cores
+    inherited = environ.get(CHOSEN_ENV)
     explicit = _positive_int(environ.get("OMP_NUM_THREADS"))
+    if inherited is not None and environ.get("OMP_NUM_THREADS") == inherited:
+        explicit = None  # our own parent's choice, not the user's
     if explicit is not None:
         intra, source, reason = explicit, "OMP_NUM_THREADS", "set in the environment"
     elif num_threads > 0:
@@ -95,9 +102,12 @@ def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | No
             reason = f"device {device}: at most {GPU_THREADS} host threads ({cores} cores in the affinity mask)"
         source = "default"
     env = {"OMP_NUM_THREADS": str(intra), **wait_env(environ)}
-    if "MKL_NUM_THREADS" not in environ:
+    if source != "OMP_NUM_THREADS":  # the user's own setting stays explicit for every process started later
+        env[CHOSEN_ENV] = str(intra)
+    if "MKL_NUM_THREADS" not in environ or environ.get("MKL_NUM_THREADS") == inherited:
         env["MKL_NUM_THREADS"] = str(intra)
-    return ThreadChoice(intra, INTEROP_THREADS, source, reason, env)
+    waits = {k: env.get(k, environ.get(k)) for k in WAIT_ENV if k in env or k in environ}
+    return ThreadChoice(intra, INTEROP_THREADS, source, reason, env, waits)
 
 
 _applied: ThreadChoice | None = None

@@ -54,6 +54,19 @@ def test_num_threads_key_beats_the_default_and_omp_num_threads_beats_both() -> N
         assert choose_threads("cpu", cores=8, environ={"OMP_NUM_THREADS": raw}).intra_op == 7
 
 
+def test_a_child_of_an_engine_chooses_its_own_share_but_a_user_setting_still_wins() -> None:
+    parent = choose_threads("cpu", cores=16, environ={})
+    inherited = {**parent.env}  # what a rank started by the engine sees
+    child = choose_threads("cpu", cores=16, environ=inherited, local_ranks=3)
+    assert (parent.intra_op, child.intra_op, child.source) == (15, 5, "default")
+    assert child.env["MKL_NUM_THREADS"] == "5" and "PASSIVE" in child.describe()
+    user = choose_threads("cpu", cores=16, environ={**inherited, "OMP_NUM_THREADS": "2"}, local_ranks=3)
+    assert (user.intra_op, user.source) == (2, "OMP_NUM_THREADS")
+    assert "SKYRL_TX_CHOSEN_NUM_THREADS" not in user.env  # so the processes it starts keep the user's count
+    grandchild = choose_threads("cpu", cores=16, environ={**inherited, **user.env}, local_ranks=3)
+    assert (grandchild.intra_op, grandchild.source) == (2, "OMP_NUM_THREADS")
+
+
 def test_waiting_threads_sleep_unless_the_environment_says_otherwise() -> None:
     assert choose_threads("cpu", cores=4, environ={}).env["OMP_WAIT_POLICY"] == "PASSIVE"
     for key, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "10000"), ("KMP_BLOCKTIME", "5")):
@@ -104,7 +117,7 @@ def threads_line(log: str) -> str:
 @pytest.fixture()
 def clean_env(preset_cache: Path) -> dict[str, str]:
     drop = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-            "SKYRL_TX_THREADS")
+            "SKYRL_TX_THREADS", "SKYRL_TX_CHOSEN_NUM_THREADS")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "SKYRL_TX_CACHE_DIR": str(preset_cache)}
 
 
