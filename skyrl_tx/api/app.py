@@ -123,7 +123,8 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
         if runner.failed is not None:
             app.state.engine_failed = f"the engine could not load the base model: {runner.failed}"
             log.error("%s; stopping the server", app.state.engine_failed)
-            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; cli.serve exits with 1
+            # uvicorn shuts down gracefully, then re-raises the signal: the process ends non-zero (143)
+            os.kill(os.getpid(), signal.SIGTERM)
             return
         log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
                  ", ".join([settings.base_model, *settings.model_aliases]))

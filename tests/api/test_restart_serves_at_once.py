@@ -8,8 +8,11 @@ SDK session, which a ServiceClient would finish (and unload) on close."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import live_server
+from live_server import REPO, free_port, live_server
 from tinker import types
 from tinker.proto import request_conv
 
@@ -166,3 +169,14 @@ def test_restarted_server_serves_before_its_engine_recovered(data_dir: Path) -> 
         gate.touch()
         done.set()
         thread.join(60)
+
+
+def test_an_engine_that_cannot_start_stops_the_server(data_dir: Path, preset_cache: Path) -> None:
+    """Serving at once must not hide a configuration the engine cannot run (no such device): the server says why
+    and exits non-zero, as it did when it waited for the engine before serving."""
+    env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "SKYRL_TX_CACHE_DIR": str(preset_cache)}
+    result = subprocess.run([sys.executable, "-m", "skyrl_tx.api", "--base-model", "tiny-qwen3", "--port",
+                             str(free_port()), "--backend-config", '{"device": "cuda:99"}'],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert result.returncode != 0
+    assert "the engine could not load the base model" in result.stderr + result.stdout
