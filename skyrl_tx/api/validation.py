@@ -93,6 +93,23 @@ def check_sampling_params(params: Mapping[str, Any], what: str = "asample") -> N
         if name in params and params[name] is not None:
             check_finite(params[name], f"sampling_params.{name}", what)
     check_seed(params.get("seed"), what, "sampling_params.seed")
+    for name in ("max_tokens", "top_k"):  # the engine checks their meaning; beyond int64 they cannot even reach it
+        if params.get(name) is not None:
+            check_int_range(params[name], f"sampling_params.{name}", -INT64_MAX - 1, INT64_MAX, what)
+    stop = params.get("stop") or []
+    for i, token in enumerate(stop):
+        if not isinstance(token, str):
+            check_int_range(token, f"sampling_params.stop[{i}]", -INT64_MAX - 1, INT64_MAX, what)
+
+
+def check_sample_request(prompt_tokens: list[int], num_samples: int, topk_prompt_logprobs: int,
+                         what: str = "asample") -> None:
+    """Integers the engine takes as int64: outside that range they fail in conversion, not as a user error."""
+    check_int_range(num_samples, "num_samples", 1, INT64_MAX, what)
+    check_int_range(topk_prompt_logprobs, "topk_prompt_logprobs", 0, INT64_MAX, what)
+    for i, token in enumerate(prompt_tokens):
+        if not -INT64_MAX - 1 <= token <= INT64_MAX:
+            check_int_range(token, f"prompt token {i}", -INT64_MAX - 1, INT64_MAX, what)
 
 
 # |value| above this can only overflow the engine's float32 math: the loss sums weight * logprob over the

@@ -139,6 +139,22 @@ def test_non_finite_sampling_params_are_a_bad_request(sampler: Any, http: httpx.
     assert f"sampling_params.{field}" in error_json(r, 400)
 
 
+@pytest.mark.parametrize(("change", "field"), [
+    ({"num_samples": 2**70}, "num_samples"),
+    ({"num_samples": 0}, "num_samples"),
+    ({"topk_prompt_logprobs": 2**64}, "topk_prompt_logprobs"),
+    ({"sampling_params": {"max_tokens": 2**64}}, "sampling_params.max_tokens"),
+    ({"sampling_params": {"max_tokens": 4, "stop": [2**64]}}, "sampling_params.stop[0]"),
+    ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2**70]}]}}, "prompt token 1"),
+])
+def test_sampling_integers_beyond_int64_are_a_bad_request(sampler: Any, http: httpx.Client, change: dict,
+                                                          field: str) -> None:
+    body = {"sampling_session_id": sampler._sampling_session_id, "seq_id": 0, "num_samples": 1,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+            "sampling_params": {"max_tokens": 4}, **change}
+    assert field in error_json(http.post("/api/v1/asample", json=body), 400)
+
+
 def test_a_result_holding_nan_is_still_answered(service_client: Any, http: httpx.Client) -> None:
     """Finite inputs can still give non-finite results (here: an importance ratio exp(1e11) overflows). The SDK's
     protobuf carries them; a JSON client gets them as strings (strict JSON has no NaN; pydantic reads them back)."""

@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.submit import consumes_seq_id, live_model, submit_future
-from skyrl_tx.api.validation import check_model_seq_id, check_sampling_params, check_seq_id
+from skyrl_tx.api.validation import check_model_seq_id, check_sample_request, check_sampling_params, check_seq_id
 from skyrl_tx.api.routes.checkpoints import check_ttl, checkpoint_meta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
 from skyrl_tx.db import future_queries
@@ -142,6 +142,8 @@ async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
     check_sampling_params(params)
+    prompt_tokens = [t for c in body.prompt.chunks for t in c.tokens]
+    check_sample_request(prompt_tokens, body.num_samples, body.topk_prompt_logprobs)
     params["stop"] = [stop] if isinstance(stop, str) else stop
 
     def store(db: Connection) -> dict[str, Any]:
@@ -150,7 +152,7 @@ async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
             raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a "
                                 "sampling client first")
         job = {"weights_id": sampler.snapshot_id or "",
-               "prompt_tokens": [t for c in body.prompt.chunks for t in c.tokens], "num_samples": body.num_samples,
+               "prompt_tokens": prompt_tokens, "num_samples": body.num_samples,
                "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
                "topk_prompt_logprobs": body.topk_prompt_logprobs}
         future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
