@@ -32,6 +32,9 @@ class BackendSettings:
     # Device time kept for decoding while training also waits (engine/loop.py): after a training pass of T
     # seconds, decode steps run for up to T * share / (1 - share) before the next pass. 0: one step per pass.
     sampling_share: float = 0.5
+    # Memory for full fine-tuning sampler snapshots (frozen whole-model copies): beyond it the least recently
+    # sampled ones move to disk and load back when sampled (engine/snapshot_memory.py).
+    snapshot_memory_mb: int = 8192
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -78,7 +81,7 @@ class BackendSettings:
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
-                    "max_sampling_sequences", "max_resident_snapshots"):
+                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.max_sampling_length < 2:
@@ -107,12 +110,12 @@ class ServerSettings:
     # process: a child process the server restarts if it dies; thread: inside the server process;
     # external: started separately (`skyrl-tx engine`), found through the database only
     engine: str = "process"
-
-    def serves(self, name: str) -> bool:
-        return name == self.base_model or name in self.model_aliases
     # The base URL clients reach this server at (behind a proxy: the proxy's), e.g. https://tinker.example:443.
     # Signed checkpoint download URLs point there. None: the listen address.
     public_url: str | None = None
+
+    def serves(self, name: str) -> bool:
+        return name == self.base_model or name in self.model_aliases
 
     def public_base_url(self) -> str:
         """Where clients reach this server: public_url, else the listen address (a wildcard address becomes

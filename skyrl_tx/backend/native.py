@@ -37,7 +37,7 @@ def _native_model_config(cfg: DecoderConfig):
 
 
 # Applied by the engine process, not the C++ core: threads (engine/threads.py), scheduling (engine/loop.py).
-HOST_ONLY_SETTINGS = ("num_threads", "sampling_share")
+HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb")
 
 
 def _native_backend_config(settings: BackendSettings):

@@ -255,8 +255,9 @@ class EngineLoop:
             run = self.backend.forward_backward if kind == "forward_backward" else self.backend.forward
             try:
                 results = run(executor.train_requests(self.database, futures))
-            except Exception:  # noqa: BLE001 - the backend validates everything before computing anything,
-                # so a failed batch changed nothing: rerun one by one to pin the error on its request.
+            except Exception:  # noqa: BLE001 - the backend validates everything before computing anything and
+                # rolls back a batch that fails while computing (csrc/backend/grad_transaction.h), so a failed
+                # batch changed nothing: rerun one by one to pin the error on its request.
                 for f in futures:
                     self._run_single(
                         f, lambda r: executor.train_result(run(executor.train_requests(self.database, [r]))[0]),
@@ -286,19 +287,18 @@ class EngineLoop:
         snapshot_id = request.get("sampling_session_id") or request["path"]
         if not request.get("sampling_session_id"):  # named: on disk (PEFT / HF format) and in memory
             result = self.checkpointer.save(request)
-            if self.backend.has_snapshot(snapshot_id):  # an overwrite: the old frozen weights are stale
-                self.backend.remove_snapshot(snapshot_id)
-            self.backend.snapshot(request["model_id"], snapshot_id)
+            self.checkpointer.remove_snapshot(snapshot_id)  # an overwrite: the old frozen weights are stale
+            self.checkpointer.snapshot(request["model_id"], snapshot_id)
             with self.sessions() as db:
-                snapshots.release_old_snapshots(self.backend, db, request["model_id"])
+                snapshots.release_old_snapshots(self.backend, db, request["model_id"], self.checkpointer)
             return result
-        self.backend.snapshot(request["model_id"], snapshot_id)
+        self.checkpointer.snapshot(request["model_id"], snapshot_id)
         with self.sessions.begin() as db:
             model = db.get(ModelRecord, request["model_id"])
             db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
                                          model_id=model.id, snapshot_id=snapshot_id))
             db.flush()
-            snapshots.release_old_snapshots(self.backend, db, model.id)
+            snapshots.release_old_snapshots(self.backend, db, model.id, self.checkpointer)
         return {"sampling_session_id": snapshot_id}
 
     # ---- background saves (engine/background_saves.py) ---------------------------------------------
@@ -335,11 +335,10 @@ class EngineLoop:
             pending = self.checkpointer.begin_save(request)
             if f.request_type == "save_weights_for_sampler":  # named: also frozen in memory, from this moment
                 snapshot_id = request["path"]
-                if self.backend.has_snapshot(snapshot_id):  # an overwrite: the old frozen weights are stale
-                    self.backend.remove_snapshot(snapshot_id)
-                self.backend.snapshot(request["model_id"], snapshot_id)
+                self.checkpointer.remove_snapshot(snapshot_id)  # an overwrite: the old frozen weights are stale
+                self.checkpointer.snapshot(request["model_id"], snapshot_id)
                 with self.sessions() as db:
-                    snapshots.release_old_snapshots(self.backend, db, request["model_id"])
+                    snapshots.release_old_snapshots(self.backend, db, request["model_id"], self.checkpointer)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
             if not isinstance(exc, SkyrlTxError):
                 log.exception("request %s (%s) failed", f.id, f.request_type)
@@ -355,9 +354,9 @@ class EngineLoop:
             try:
                 result = self.checkpointer.end_save(pending, size, error)
             except Exception as exc:  # noqa: BLE001
-                if f.request_type == "save_weights_for_sampler" and self.backend.has_snapshot(str(pending.path)):
+                if f.request_type == "save_weights_for_sampler":
                     try:  # not saved: its path must not sample weights that were never listed
-                        self.backend.remove_snapshot(str(pending.path))
+                        self.checkpointer.remove_snapshot(str(pending.path))
                     except ConflictError:
                         pass
                 done.append((f, None, _error(exc)))
@@ -413,7 +412,7 @@ class EngineLoop:
         self._mark_running([f])
         try:
             weights_id = f.request.get("weights_id", "")
-            if ":sample:" in weights_id and not self.backend.has_snapshot(weights_id):
+            if ":sample:" in weights_id and not self.checkpointer.has_snapshot(weights_id):
                 raise snapshots.released_error(weights_id)
             self.checkpointer.ensure_snapshot(weights_id)
             self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f

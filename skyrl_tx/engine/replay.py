@@ -51,10 +51,6 @@ def _replay(loop: Any, model_id: str) -> int:
     with loop.sessions() as db:
         create = db.get(FutureRecord, f"{model_id}:create")
         base = recovery_state.recovery_base(db, model_id)
-        after = base.seq_id if base is not None else -1
-        history = list(db.scalars(select(FutureRecord).where(
-            FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value,
-            FutureRecord.request_type.in_(STATEFUL), FutureRecord.seq_id > after).order_by(FutureRecord.seq_id)))
         kept = set(snapshots.ephemeral_newest_first(db, model_id)[:snapshots.KEEP_PER_MODEL])
         db.expunge_all()
     if create is None or create.status != FutureStatus.COMPLETED.value:
@@ -65,14 +61,25 @@ def _replay(loop: Any, model_id: str) -> int:
         loop.create_in_backend({**create.request, "load": None})
         recovery_state.load(loop.backend, loop.checkpointer.store, base, model_id)
         log.info("model %s: restored its recovery snapshot after seq_id %d", model_id, base.seq_id)
-    for f in history:
-        request = f.request
-        if f.request_type == "forward_backward":
-            loop.backend.forward_backward(executor.train_requests(loop.database, [f]))
-        elif f.request_type == "optim_step":
-            loop.backend.optim_step(model_id, executor.adam_params(request))
-        elif f.request_type == "load_weights":
-            loop.checkpointer.load_into(model_id, request["path"], bool(request["optimizer"]), fresh=True)
-        elif request.get("sampling_session_id") in kept:  # an ephemeral sampler, frozen at this point
-            loop.backend.snapshot(model_id, request["sampling_session_id"])
-    return len(history)
+    replayed = 0
+    # The rows stay attached while they run, so a column loaded on access (a binary body) can still be read.
+    with loop.sessions() as db:
+        for f in db.scalars(select(FutureRecord).where(
+                FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value,
+                FutureRecord.request_type.in_(STATEFUL),
+                FutureRecord.seq_id > (base.seq_id if base is not None else -1)).order_by(FutureRecord.seq_id)).all():
+            _apply(loop, model_id, f, kept)
+            replayed += 1
+    return replayed
+
+
+def _apply(loop: Any, model_id: str, f: FutureRecord, kept: set[str]) -> None:
+    request = f.request
+    if f.request_type == "forward_backward":
+        loop.backend.forward_backward(executor.train_requests(loop.database, [f]))
+    elif f.request_type == "optim_step":
+        loop.backend.optim_step(model_id, executor.adam_params(request))
+    elif f.request_type == "load_weights":
+        loop.checkpointer.load_into(model_id, request["path"], bool(request["optimizer"]), fresh=True)
+    elif request.get("sampling_session_id") in kept:  # an ephemeral sampler, frozen at this point
+        loop.checkpointer.snapshot(model_id, request["sampling_session_id"])  # within the snapshot memory budget
