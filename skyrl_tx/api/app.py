@@ -13,12 +13,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skyrl_tx.api.errors import error_response, install_error_handlers
+from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training, training_runs
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
@@ -28,6 +28,7 @@ from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
 from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.process import EngineProcess
 from skyrl_tx.engine.settings import EngineSettings
+from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.hf_config import load_decoder_config
 
 log = logging.getLogger("skyrl_tx.api")
@@ -51,27 +52,36 @@ class BodySizeLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _too_large(self, size: str) -> JSONResponse:
-        return error_response(413, "invalid_argument", f"request body of {size} bytes exceeds the limit of "
-                              f"{self.max_bytes}; send fewer datums per call")
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, size: str, prefix: bytes) -> None:
+        message = f"request body of {size} bytes exceeds the limit of {self.max_bytes}; send fewer datums per call"
+        if prefix:  # a forward_backward: its seq_id is consumed all the same (api/submit.py)
+            encoding = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-encoding"), None)
+            await asyncio.to_thread(record_unusable_body, Request(scope), prefix, encoding,
+                                    InvalidArgumentError(message))
+        await error_response(413, "invalid_argument", message)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        keep_prefix = scope["path"] == FORWARD_BACKWARD_PATH
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
-                    await self._too_large(str(int(value)))(scope, receive, send)
+                    prefix = await _read_prefix(receive) if keep_prefix else b""
+                    await self._too_large(scope, receive, send, str(int(value)), prefix)
                     return
                 break
-        received, exceeded, started = 0, False, False
+        received, exceeded, started, prefix = 0, False, False, bytearray()
 
         async def counted_receive() -> Message:
             nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                received += len(chunk)
+                if keep_prefix and len(prefix) < PREFIX_LIMIT:
+                    prefix.extend(chunk[: PREFIX_LIMIT - len(prefix)])
                 if received > self.max_bytes:
                     exceeded = True
                     raise BodyTooLarge()
@@ -89,7 +99,33 @@ class BodySizeLimit:
         except BodyTooLarge:
             pass
         if exceeded and not started:
-            await self._too_large(f"more than {self.max_bytes}")(scope, receive, send)
+            await self._too_large(scope, receive, send, f"more than {self.max_bytes}", bytes(prefix))
+
+
+FORWARD_BACKWARD_PATH = "/api/v1/forward_backward"
+PREFIX_LIMIT = 1024 * 1024  # of a refused forward_backward body kept to read its model_id and seq_id from
+PREFIX_WAIT_S = 2.0  # a client that announced a too-large body but sends none gets its 413 after this
+
+
+async def _read_prefix(receive: Receive) -> bytes:
+    """The first bytes of a body announced too large, as far as they arrive promptly (the SDK sends its body with
+    its headers; a client waiting for the answer first gets it after PREFIX_WAIT_S)."""
+    prefix = bytearray()
+    deadline = asyncio.get_running_loop().time() + PREFIX_WAIT_S
+    while len(prefix) < PREFIX_LIMIT:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            break
+        try:
+            message = await asyncio.wait_for(receive(), remaining)
+        except TimeoutError:
+            break
+        if message["type"] != "http.request":
+            break
+        prefix.extend(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return bytes(prefix[:PREFIX_LIMIT])
 
 
 def start_engine(settings: ServerSettings, engine_settings: EngineSettings,

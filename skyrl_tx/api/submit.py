@@ -13,6 +13,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from skyrl_tx.api.body_ids import forward_backward_ids
 from skyrl_tx.api.validation import SEQ_ID_MAX
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
@@ -48,8 +49,6 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
     return future_id
 
 
-def _model_not_found(model_id: str) -> NotFoundError:
-    return NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
 def record_rejected(request: Request, db: Session | Connection, *, model_id: str, seq_id: int, request_type: str,
                     error: SkyrlTxError) -> None:
     """A request rejected at the edge (a 400) after its model and seq_id are known still consumes that seq_id: it is
@@ -106,6 +105,24 @@ def record_invalid_body(request: Request, body: Any, error: SkyrlTxError) -> Non
         record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type=request_type, error=error)
 
 
+def record_unusable_body(request: Request, body: bytes, encoding: str | None, error: SkyrlTxError) -> None:
+    """A forward_backward body refused whole (over the size limit, undecodable further on, a chunk type this server
+    does not take) still consumes its seq_id, where its first fields name a live model and a valid seq_id. Runs in
+    a worker thread (it uses the database)."""
+    ids = forward_backward_ids(body, encoding)
+    if ids is None or not 0 <= ids[1] <= SEQ_ID_MAX:
+        return
+    model_id, seq_id = ids
+    with request.app.state.database.connect() as db:
+        try:
+            require_model(db, model_id)
+        except NotFoundError:
+            return
+        record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type="forward_backward", error=error)
+
+
+def _model_not_found(model_id: str) -> NotFoundError:
+    return NotFoundError(f"model {model_id!r} not found; create it with create_model (or a training client) first")
 
 
 def require_model(db: Session | Connection, model_id: str) -> None:

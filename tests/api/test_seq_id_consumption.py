@@ -4,6 +4,7 @@ model's later requests at once. The client still gets the 4xx; a retry gets the 
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -21,6 +22,11 @@ HEADERS = {"X-API-Key": "tml-test"}
 PROTOBUF = "application/x-protobuf"
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 TIMEOUT_S = 60  # far below the session timeout a skipped-over gap would wait for
+
+
+@pytest.fixture(scope="module")
+def server_options() -> dict[str, Any]:
+    return {"backend_config": {"max_lora_adapters": 16}}  # a model per test case
 
 
 @pytest.fixture
@@ -127,3 +133,35 @@ def test_nothing_is_stored_for_an_unknown_model_or_an_invalid_seq_id(service_cli
     r = http.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": -5, "adam_params": ADAM})
     assert r.status_code == 400 and "seq_id" in r.json()["message"], r.text
     assert http.post("/api/v1/retrieve_future", json={"request_id": f"{model_id}:-5"}).status_code == 404
+
+
+def test_an_undecodable_forward_backward_consumes_its_seq_id(service_client: Any, http: httpx.Client) -> None:
+    """The body's first fields name the model and seq_id; what follows is not usable (an image chunk)."""
+    from skyrl_tx.wire import tinker_wire_pb2 as pb
+
+    model_id = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result().model_id
+    message = pb.ForwardBackwardRequest(model_id=model_id, seq_id=1, loss_fn="cross_entropy")
+    message.data.add().model_input.add().image.format = "png"
+    r = http.post("/api/v1/forward_backward", content=message.SerializeToString(), headers={"Content-Type": PROTOBUF})
+    assert r.status_code == 400 and "image" in r.json()["message"], r.text
+    assert retrieve(http, f"{model_id}:1") == {"error": r.json()["message"], "category": "user"}
+    fb = http.post("/api/v1/forward_backward", content=fb_body(model_id, 2, GOOD), headers={"Content-Type": PROTOBUF})
+    assert "loss_fn_outputs" in retrieve(http, fb.json()["request_id"])
+
+
+def test_a_forward_backward_over_the_size_limit_consumes_its_seq_id(service_client: Any, server_url: str,
+                                                                  http: httpx.Client) -> None:
+    """Announced larger than the limit: the 413 comes before the body is read, but its first bytes (sent with the
+    headers, as the SDK does) still name the model and seq_id."""
+    model_id = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=6).result().model_id
+    body = fb_body(model_id, 1, [datum(list(range(5, 2005)))] * 64)  # ~0.5 MB of the start of a huge batch
+    host, port = server_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST /api/v1/forward_backward HTTP/1.1\r\nHost: test\r\nContent-Type: application/x-protobuf\r\n"
+                     b"Content-Length: 300000000\r\n\r\n" + body)
+        head = sock.recv(65536).decode("latin-1")
+    assert head.startswith("HTTP/1.1 413"), head[:200]
+    failed = retrieve(http, f"{model_id}:1")
+    assert failed["category"] == "user" and "exceeds the limit" in failed["error"], failed
+    fb = http.post("/api/v1/forward_backward", content=fb_body(model_id, 2, GOOD), headers={"Content-Type": PROTOBUF})
+    assert "loss_fn_outputs" in retrieve(http, fb.json()["request_id"])

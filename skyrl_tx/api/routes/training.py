@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.submit import consumes_seq_id, live_model, require_model, submit_future
+from skyrl_tx.api.submit import consumes_seq_id, live_model, record_unusable_body, require_model, submit_future
 from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_json_finite,
                                      check_model_seq_id, check_seed, check_seq_id)
 from skyrl_tx.db.models import ModelRecord, SessionRecord
@@ -103,7 +103,9 @@ async def forward_backward(request: Request) -> dict[str, str]:
             decoded = decode_forward_backward_request(raw, encoding,
                                                       max_bytes=request.app.state.settings.max_request_bytes)
         except ValueError as exc:
-            raise InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}") from exc
+            error = InvalidArgumentError(f"forward_backward: cannot decode the request body: {exc}")
+            record_unusable_body(request, raw, encoding, error)  # its seq_id, if its first fields name one
+            raise error from exc
         model_id, seq_id = decoded["model_id"], decoded["seq_id"]
         kind = "forward" if decoded["forward_only"] else "forward_backward"
         check_seq_id(seq_id, kind)
