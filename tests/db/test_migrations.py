@@ -18,7 +18,7 @@ from skyrl_tx.db import migrate
 from skyrl_tx.db.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"sessions", "models", "futures", "checkpoints", "sampling_sessions"}
+TABLES = {"sessions", "models", "futures", "checkpoints", "sampling_sessions", "recovery_snapshots"}
 
 
 def table_names(url: str) -> set[str]:
