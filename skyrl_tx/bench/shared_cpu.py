@@ -109,7 +109,7 @@ class PigLatinTrainer:
             completion = tokenizer.encode(f" {pig}\n\n", add_special_tokens=False)
             tokens, weights = prompt + completion, [0] * len(prompt) + [1] * len(completion)
             self.data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens=tokens[:-1]),
-                                         loss_fn_inputs=dict(weights=weights[1:], target_tokens=tokens[1:])))
+                                         loss_fn_inputs={"weights": weights[1:], "target_tokens": tokens[1:]}))
         self.adam = types.AdamParams(learning_rate=1e-4)
 
     def step(self) -> float:

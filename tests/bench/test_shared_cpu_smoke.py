@@ -17,7 +17,7 @@ def test_shared_cpu_benchmark_reports_both_policies(tmp_path: Path, preset_cache
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the bench removes it from its servers: their policy decides
     proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "shared-cpu", "--rounds", "1", "--steps", "2",
                            "--warmup", "0", "--json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+                          timeout=TIMEOUT_S, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     report = json.loads(out.read_text())
     assert set(report["policies"]) == {"torch", "fit"}
