@@ -66,6 +66,15 @@ def test_finished_futures_are_reported_as_stored(loop: EngineLoop) -> None:
             row.status, row.request_type, row.result if row.result_body is None else RESULT_IN_DATABASE, row.error)
 
 
+def test_pending_scan_reads_no_body() -> None:
+    # The engine scans every pending request on each step: it must not drag megabytes of tensors along.
+    from skyrl_tx.db import future_queries
+
+    scanned = set(future_queries.PENDING.selected_columns.keys())
+    assert {"id", "request_type", "model_id", "seq_id", "request"} <= scanned
+    assert not scanned & {"request_body", "result", "result_body", "error"}
+
+
 def test_rows_stored_before_binary_bodies_still_run(loop: EngineLoop) -> None:
     """A forward_backward stored with its datums in the JSON column (before migration 0003) gives the same result
     as the same request stored as a protobuf body."""
