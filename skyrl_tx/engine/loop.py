@@ -135,15 +135,15 @@ class EngineLoop:
         if self._decode_credit_s <= 0 or not self._sampling:  # else decoding is owed time: training waits
             started = time.perf_counter()
             trained = self._run_training(by_model)
+            for queue in by_model.values():  # optim steps and other barriers are training-side time too
+                barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
+                if barrier is not None and queue[0] is barrier:
+                    self._run_single(barrier, self._barrier)
+                    trained += 1
             if trained:
                 owed = (time.perf_counter() - started) * self.sampling_share / (1.0 - self.sampling_share)
                 self._decode_credit_s = min(self._decode_credit_s + owed, MAX_DECODE_CREDIT_S)
             ran += trained
-        for queue in by_model.values():
-            barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
-            if barrier is not None and queue[0] is barrier:
-                self._run_single(barrier, self._barrier)
-                ran += 1
         if scan_pending:
             # Requests left waiting (behind a barrier that just ran, or a seq_id gap) need another scan; when
             # everything found ran, only a wake-up (a new request) does.
