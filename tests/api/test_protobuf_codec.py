@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import torch
 import zstandard
+from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import FieldDescriptor as FD
+from google.protobuf.unknown_fields import UnknownFieldSet
 from tinker.proto import request_conv, response_conv
 from tinker.proto import tinker_public_pb2 as public_pb
 from tinker.types import (
@@ -330,8 +333,6 @@ def test_request_bad_encoding_raises_value_error(body: bytes, encoding: str) -> 
 
 
 def _descriptor_bytes(module: Any, package: str) -> bytes:
-    from google.protobuf import descriptor_pb2
-
     proto = descriptor_pb2.FileDescriptorProto()
     module.DESCRIPTOR.CopyToProto(proto)
     proto.ClearField("name")
@@ -344,9 +345,6 @@ def test_schema_is_the_sdks_but_for_the_package() -> None:
     assert _descriptor_bytes(our_pb, "skyrl_tx.wire") == _descriptor_bytes(public_pb, "tinker_public")
     assert our_pb.DESCRIPTOR.package != public_pb.DESCRIPTOR.package  # both modules live in one process
 
-
-from google.protobuf.descriptor import FieldDescriptor as FD  # noqa: E402
-from google.protobuf.unknown_fields import UnknownFieldSet  # noqa: E402
 
 SCALARS = {FD.TYPE_DOUBLE: -2.5, FD.TYPE_FLOAT: 0.75, FD.TYPE_INT64: -(2**40), FD.TYPE_UINT64: 2**63 + 5,
            FD.TYPE_INT32: -7, FD.TYPE_UINT32: 2**31 + 1, FD.TYPE_BOOL: True, FD.TYPE_STRING: "naïve ✓",
