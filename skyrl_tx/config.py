@@ -32,6 +32,11 @@ class BackendSettings:
     # Device time kept for decoding while training also waits (engine/loop.py): after a training pass of T
     # seconds, decode steps run for up to T * share / (1 - share) before the next pass. 0: one step per pass.
     sampling_share: float = 0.5
+    # Recovery snapshots (engine/recovery_state.py): weights + AdamW state after every N optim steps or T seconds,
+    # so a restart replays only what came after; 0 steps: never. Futures older than the retention are pruned.
+    recovery_snapshot_every_steps: int = 50
+    recovery_snapshot_every_s: float = 600.0
+    futures_retention_hours: float = 24.0
     # Memory for full fine-tuning sampler snapshots (frozen whole-model copies): beyond it the least recently
     # sampled ones move to disk and load back when sampled (engine/snapshot_memory.py).
     snapshot_memory_mb: int = 8192
@@ -72,6 +77,9 @@ class BackendSettings:
         return settings
 
     def validate(self) -> None:
+        for key in ("recovery_snapshot_every_steps", "recovery_snapshot_every_s", "futures_retention_hours"):
+            if not getattr(self, key) >= 0:
+                raise InvalidArgumentError(f"--backend-config: {key} must be >= 0 (got {getattr(self, key)})")
         if not 0.0 <= self.sampling_share < 1.0:
             raise InvalidArgumentError(f"--backend-config: sampling_share must be in [0, 1) (the share of device time "
                                        f"decoding keeps while training waits; got {self.sampling_share})")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, SamplingSessionRecord
 
@@ -102,3 +102,7 @@ MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=bindparam("status_"), result=bindparam("result_"), result_body=bindparam("result_body_"),
     error=bindparam("error_"), completed_at=bindparam("now"))
+# Why a queued request waits (retrieve_future's try_again): its model and seq_id, and the highest seq_id stored below.
+MODEL_SEQ = select(FUTURES.c.model_id, FUTURES.c.seq_id).where(FUTURES.c.id == bindparam("id_"))
+HIGHEST_SEQ_BELOW = select(func.max(FUTURES.c.seq_id)).where(
+    FUTURES.c.model_id == bindparam("model_id"), FUTURES.c.seq_id < bindparam("seq_id"))

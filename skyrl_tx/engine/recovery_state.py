@@ -11,8 +11,8 @@ and storing that result: the step then runs again) and when it does not postdate
 server still keeps (those are rebuilt by replaying the save that made them). `recovery_base` is the single
 definition of "usable": the retention sweep (engine/retention.py) keeps every request after it.
 
-Settings (environment): SKYRL_TX_SNAPSHOT_EVERY_STEPS (default 50, 0 = never), SKYRL_TX_SNAPSHOT_EVERY_S
-(default 600).
+Settings (--backend-config, host-only): recovery_snapshot_every_steps (default 50, 0 = never) and
+recovery_snapshot_every_s (default 600).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from skyrl_tx.engine import snapshots
 log = logging.getLogger("skyrl_tx.engine")
 
 RECOVERY_DIR = "_recovery"  # under the checkpoint store's root; never a training run id (those contain ':')
-SNAPSHOT_EVERY_STEPS = int(os.environ.get("SKYRL_TX_SNAPSHOT_EVERY_STEPS", "50"))
-SNAPSHOT_EVERY_S = float(os.environ.get("SKYRL_TX_SNAPSHOT_EVERY_S", "600"))
+SNAPSHOT_EVERY_STEPS = 50  # defaults of the backend-config keys recovery_snapshot_every_steps / _every_s
+SNAPSHOT_EVERY_S = 600.0
 
 
 def recovery_base(db: Session, model_id: str) -> RecoverySnapshotRecord | None:
@@ -73,7 +73,11 @@ def snapshotter(loop: Any) -> RecoverySnapshots:
     """The loop's RecoverySnapshots (made on first use)."""
     found = getattr(loop, "_recovery_snapshots", None)
     if found is None:
-        found = loop._recovery_snapshots = RecoverySnapshots(loop.backend, loop.checkpointer.store, loop.sessions)
+        settings = getattr(loop.backend, "settings", None)
+        found = loop._recovery_snapshots = RecoverySnapshots(
+            loop.backend, loop.checkpointer.store, loop.sessions,
+            every_steps=getattr(settings, "recovery_snapshot_every_steps", SNAPSHOT_EVERY_STEPS),
+            every_s=getattr(settings, "recovery_snapshot_every_s", SNAPSHOT_EVERY_S))
     return found
 
 

@@ -9,13 +9,12 @@ of no model (sampling) go. Each sweep deletes at most `batch` futures, so it nev
 remains. A client retrying a request older than the window would have it stored anew: the window must exceed
 any client's retry horizon.
 
-Setting (environment): SKYRL_TX_FUTURES_RETENTION_HOURS (default 24).
+Setting (--backend-config, host-only): futures_retention_hours (default 24).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -27,7 +26,7 @@ from skyrl_tx.engine import recovery_state
 
 log = logging.getLogger("skyrl_tx.engine")
 
-RETENTION_HOURS = float(os.environ.get("SKYRL_TX_FUTURES_RETENTION_HOURS", "24"))
+RETENTION_HOURS = 24.0  # default of the backend-config key futures_retention_hours
 BATCH = 500  # futures deleted per sweep at most
 SWEEP_EVERY_S = 60.0
 LIVE = (ModelStatus.PENDING.value, ModelStatus.READY.value)
@@ -39,7 +38,8 @@ def maybe_sweep(loop: Any) -> int:
     now = time.monotonic()
     if now < getattr(loop, "_retention_next_sweep", 0.0):
         return 0
-    deleted = sweep_retention(loop)
+    hours = getattr(getattr(loop.backend, "settings", None), "futures_retention_hours", RETENTION_HOURS)
+    deleted = sweep_retention(loop, retention_hours=hours)
     loop._retention_next_sweep = now + (0.0 if deleted >= BATCH else SWEEP_EVERY_S)  # a backlog: go on next time
     return deleted
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.engine.checkpointing import Checkpointer
+from skyrl_tx.engine import retention
 from skyrl_tx.engine.loop import EngineLoop
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -45,6 +46,7 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY_S
                 loop.expire_sessions()
+                retention.maybe_sweep(loop)  # finished futures past futures_retention_hours, in bounded batches
             worked = loop.step(scan_pending=scan)
         except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
             log.exception("engine step failed; continuing")

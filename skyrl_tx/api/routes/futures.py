@@ -40,6 +40,22 @@ def _load(request: Request, future_id: str) -> FutureOutcome | None:
     return FutureOutcome(future_id, row.status, row.request_type, result, row.error)
 
 
+def _waiting_reason(request: Request, future_id: str) -> str | None:
+    """Why a queued request has not run, when it waits for an earlier request of its model that has not arrived
+    (the engine never skips a seq_id: engine/loop.py)."""
+    with request.app.state.database.connect() as db:
+        row = db.execute(future_queries.MODEL_SEQ, {"id_": future_id}).one_or_none()
+        if row is None or row.model_id is None or row.seq_id is None:
+            return None
+        below = db.execute(future_queries.HIGHEST_SEQ_BELOW, {"model_id": row.model_id, "seq_id": row.seq_id}).scalar()
+    if below is not None and below >= row.seq_id - 1:
+        return None
+    first = 1 if below is None else below + 1
+    missing = f"seq_id {first}" if first == row.seq_id - 1 else f"seq_ids {first}..{row.seq_id - 1}"
+    return (f"waiting for request {missing} of model {row.model_id}, which the server has not received; requests of a "
+            "model run in seq_id order")
+
+
 def _forward_backward_json(body: bytes) -> dict[str, Any]:
     output_type, outputs, metrics = decode_forward_backward_output(body)
     return {"loss_fn_output_type": output_type, "metrics": metrics,
@@ -86,7 +102,11 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Resp
         while future.status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
-                return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+                answer = {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
+                reason = await asyncio.to_thread(_waiting_reason, request, body.request_id)
+                if reason:  # the SDK logs it for the user
+                    answer["queue_state_reason"] = reason
+                return JSONResponse(answer)
             try:
                 await asyncio.wait_for(waiter.event.wait(), timeout=min(recheck, remaining))
             except TimeoutError:
