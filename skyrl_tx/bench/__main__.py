@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_shared_cpu(argv[1:])
         return
+    if argv and argv[0] == "mixed":
+        from skyrl_tx.bench.mixed_load import run_mixed
+
+        run_mixed(argv[1:])
+        return
     if argv and argv[0] == "compute":
         argv = argv[1:]
     run_compute(argv)
