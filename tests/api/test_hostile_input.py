@@ -222,6 +222,11 @@ def test_seq_ids_outside_their_range_are_bad_requests(service_client: Any, train
     assert "sampling_session_seq_id" in error_json(r, 400)
 
 
+@pytest.mark.parametrize("path", ["/api/v1/training_runs", "/api/v1/checkpoints"])
+def test_page_offset_beyond_int64_is_a_bad_request(http: httpx.Client, path: str) -> None:
+    assert "offset" in error_json(http.get(path, params={"offset": 2**80}), 400)
+
+
 # ---- bodies: compressed, chunked ------------------------------------------------------------------------------
 def _peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

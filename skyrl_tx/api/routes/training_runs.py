@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.routes.checkpoints import check_ttl
+from skyrl_tx.api.validation import INT64_MAX
 from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord
@@ -59,8 +60,9 @@ def _run_json(db: Session, model: ModelRecord) -> dict[str, Any]:
 
 
 def _page(limit: int, offset: int) -> tuple[int, int]:
-    if limit < 1 or limit > 1000 or offset < 0:
-        raise InvalidArgumentError(f"limit must be in [1, 1000] and offset >= 0 (got limit={limit}, offset={offset})")
+    if limit < 1 or limit > 1000 or not 0 <= offset <= INT64_MAX:  # the database takes a signed 64-bit offset
+        raise InvalidArgumentError(f"limit must be in [1, 1000] and offset in [0, {INT64_MAX}] (got limit={limit}, "
+                                   f"offset={offset})")
     return limit, offset
 
 
