@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-# Strict JSON has no NaN or infinity, and the SDK parses with orjson, which refuses the bare tokens; as strings,
-# pydantic turns them back into floats for the SDK's float fields (OptimStepResponse.metrics and the like).
-_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-
-
-def finite_json(value: Any) -> Any:
-    """`value` with every non-finite float replaced by "NaN", "Infinity" or "-Infinity"."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
+from skyrl_tx.finite_json import finite_json
 
 
 class FiniteJSONResponse(JSONResponse):

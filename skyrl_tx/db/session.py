@@ -20,6 +20,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from skyrl_tx.finite_json import dumps_finite
+
 DATA_DIR_ENV = "SKYRL_TX_DATA_DIR"
 DATABASE_FILE = "skyrl_tx.db"
 SQLITE_BUSY_TIMEOUT_MS = 5000
@@ -88,6 +90,7 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     """A SQLAlchemy engine for `url` with the per-backend settings above; kwargs go to create_engine."""
     parsed = normalize_url(url)
+    kwargs.setdefault("json_serializer", dumps_finite)  # a NaN result (diverged model) is stored, not refused
     if parsed.get_backend_name() == "sqlite":
         ensure_sqlite_directory(parsed)
         connect_args = {"check_same_thread": False, **kwargs.pop("connect_args", {})}

@@ -224,3 +224,12 @@ def test_postgresql_urls_get_the_psycopg_driver() -> None:
     assert normalize_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
     assert normalize_url("sqlite:///x.db").drivername == "sqlite"
     assert normalize_url("postgresql://u:p%40ss@h/db").password == "p@ss"
+
+
+def test_a_non_finite_result_is_stored_as_strings_not_refused(db: sessionmaker[Session]) -> None:
+    """A diverged model's NaN grad_norm must not fail the engine's FINISH: PostgreSQL's JSON type refuses bare NaN."""
+    add_session_and_model(db)
+    with db.begin() as s:
+        s.add(future("model-1", 1, "f", result={"metrics": {"grad_norm": float("nan"), "x": float("-inf")}}))
+    with db() as s:
+        assert s.get(FutureRecord, "f").result == {"metrics": {"grad_norm": "NaN", "x": "-Infinity"}}
