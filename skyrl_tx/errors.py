@@ -10,6 +10,7 @@ class ErrorCode(str, Enum):
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"
     RESOURCE_EXHAUSTED = "resource_exhausted"
+    GONE = "gone"
     UNIMPLEMENTED = "unimplemented"
     INTERNAL = "internal"
 
@@ -36,6 +37,12 @@ class NotFoundError(SkyrlTxError, LookupError):
 
 class ConflictError(SkyrlTxError):
     code, http_status, category = ErrorCode.CONFLICT, 409, "user"
+
+
+class GoneError(SkyrlTxError):
+    """The object existed and has ended for good (a finished or expired session): the SDK stops on a 410."""
+
+    code, http_status, category = ErrorCode.GONE, 410, "user"
 
 
 class ResourceExhaustedError(SkyrlTxError):

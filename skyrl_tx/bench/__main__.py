@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_mixed(argv[1:])
         return
+    if argv and argv[0] == "idle-sessions":
+        from skyrl_tx.bench.idle_sessions import run_idle_sessions
+
+        run_idle_sessions(argv[1:])
+        return
     if argv and argv[0] == "compute":
         argv = argv[1:]
     run_compute(argv)

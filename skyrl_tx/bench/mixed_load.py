@@ -28,12 +28,14 @@ TOKENS = list(range(5, 69))
 
 
 @contextlib.contextmanager
-def _server(base_model: str, backend_config: dict[str, Any], timeout_s: float = 180.0) -> Iterator[str]:
+def _server(base_model: str, backend_config: dict[str, Any], timeout_s: float = 180.0, extra_args: list[str] = (),
+            keep_data_dir: bool = False) -> Iterator[Any]:
+    """A live server in a subprocess; yields its URL (and its data directory with keep_data_dir)."""
     data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_mixed_"))
     log_path, port = data_dir / "server.log", _free_port()
     env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
-            "--port", str(port), "--backend-config", json.dumps(backend_config)]
+            "--port", str(port), "--backend-config", json.dumps(backend_config), *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -44,7 +46,7 @@ def _server(base_model: str, backend_config: dict[str, Any], timeout_s: float = 
                 raise RuntimeError("bench mixed: the server did not start; log tail:\n"
                                    + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
             time.sleep(0.1)
-        yield url
+        yield (url, data_dir) if keep_data_dir else url
     finally:
         proc.terminate()
         try:

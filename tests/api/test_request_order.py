@@ -61,3 +61,13 @@ def test_after_close_the_next_user_gets_the_freed_slot(tinker_env: str) -> None:
             client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4).result()
             client.forward_backward([datum(0)], "cross_entropy").result()
             client.optim_step(adam).result()
+
+
+def test_a_finished_session_answers_heartbeats_with_410(tinker_env: str) -> None:
+    """The SDK stops its heartbeat loop on a 410; a finished session must not look alive (or be revived)."""
+    with tinker.ServiceClient() as service:
+        client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4).result()
+        session_id = client.model_id.split(":train:")[0]  # model ids are <session>:train:<n>
+        assert httpx.post(f"{tinker_env}/api/v1/session_heartbeat", json={"session_id": session_id}).status_code == 200
+    answer = httpx.post(f"{tinker_env}/api/v1/session_heartbeat", json={"session_id": session_id})
+    assert answer.status_code == 410 and "ended" in answer.text, answer.text

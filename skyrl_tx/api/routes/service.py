@@ -14,7 +14,7 @@ from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.validation import check_json_finite
 from skyrl_tx.db.models import SessionRecord, SessionStatus
 from skyrl_tx.db.unload_requests import request_unloads
-from skyrl_tx.errors import NotFoundError
+from skyrl_tx.errors import GoneError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -63,7 +63,11 @@ def _session(db: DbDep, session_id: str) -> SessionRecord:
 
 @router.post("/session_heartbeat")
 def session_heartbeat(body: SessionRef, db: DbDep) -> dict[str, Any]:
-    _session(db, body.session_id).last_heartbeat_at = datetime.now(timezone.utc)
+    session = _session(db, body.session_id)
+    if session.status != SessionStatus.ACTIVE.value:  # the SDK stops heartbeating on a 410
+        raise GoneError(f"session {body.session_id!r} has ended (finished, or silent past the session timeout); "
+                        "its models were unloaded: start a new ServiceClient")
+    session.last_heartbeat_at = datetime.now(timezone.utc)
     db.commit()
     return {}
 
