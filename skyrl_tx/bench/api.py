@@ -19,46 +19,21 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from skyrl_tx.bench.live_server import LiveServer, bench_server
 from skyrl_tx.bench.report import write_json
 
-READY_MARKER = "engine ready"
 RANK = 8
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
 TRAIN_TOKENS = [5, 17, 300, 42, 7, 99, 1000, 12, 64, 128, 256, 3, 9, 27, 81, 243, 11]  # 16 predicted tokens
 SAMPLE_TOKENS = 8
 TARGET_P50_MS = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-class LiveServer(NamedTuple):
-    url: str
-    data_dir: Path
-    pid: int
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -73,30 +48,9 @@ def process_cpu_seconds(pid: int) -> float | None:
 @contextlib.contextmanager
 def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[LiveServer]:
     """The real server in a subprocess on a free port, with a fresh data directory."""
-    data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_"))
-    log_path, port = data_dir / "server.log", _free_port()
-    env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
-            "--port", str(port)]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not (READY_MARKER in log_path.read_text(errors="replace") and _healthy(url)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench api: the server did not start; log tail:\n"
-                                   + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
-            time.sleep(0.1)
-        yield LiveServer(url, data_dir, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with bench_server(base_model, name="bench api", env={"OMP_NUM_THREADS": str(threads)},
+                      timeout_s=timeout_s) as live:
+        yield live
 
 
 class HttpExchangeTimer:

@@ -17,7 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from skyrl_tx.bench.mixed_load import TOKENS, _server
+from skyrl_tx.bench.live_server import bench_server
+from skyrl_tx.bench.mixed_load import TOKENS
 
 
 def run_idle_sessions(argv: list[str]) -> dict[str, Any]:
@@ -34,9 +35,9 @@ def run_idle_sessions(argv: list[str]) -> dict[str, Any]:
     datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
                         loss_fn_inputs={"target_tokens": TOKENS[1:], "weights": [1.0] * (len(TOKENS) - 1)})
     backend_config = {"max_lora_adapters": args.sessions}
-    with _server(args.base_model, backend_config, extra_args=["--session-timeout", str(args.session_timeout)],
-                 keep_data_dir=True) as (url, data_dir):
-        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+    with bench_server(args.base_model, name="bench idle-sessions", args=[
+            "--backend-config", json.dumps(backend_config), "--session-timeout", str(args.session_timeout)]) as live:
+        os.environ.update(TINKER_BASE_URL=live.url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
         services = [tinker.ServiceClient() for _ in range(args.sessions)]
         with ThreadPoolExecutor(16) as pool:
             clients = list(pool.map(lambda s: s.create_lora_training_client(base_model=args.base_model, rank=1).result(),
@@ -49,7 +50,7 @@ def run_idle_sessions(argv: list[str]) -> dict[str, Any]:
         with ThreadPoolExecutor(16) as pool:
             errors = list(pool.map(lambda c: _forward_error(c, datum), clients))
         final_s = time.monotonic() - started
-        with sqlite3.connect(data_dir / "skyrl_tx.db") as db:
+        with sqlite3.connect(live.data_dir / "skyrl_tx.db") as db:
             statuses = dict(db.execute("SELECT status, COUNT(*) FROM models GROUP BY status").fetchall())
         for service in services:
             service.close("success").result()

@@ -9,52 +9,17 @@ steps/s of the mixed phase as ratios of the phases alone, once per backend-confi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from skyrl_tx.bench.api import READY_MARKER, _free_port, _healthy
+from skyrl_tx.bench.live_server import bench_server
 
 TOKENS = list(range(5, 69))
-
-
-@contextlib.contextmanager
-def _server(base_model: str, backend_config: dict[str, Any], timeout_s: float = 180.0, extra_args: list[str] = (),
-            keep_data_dir: bool = False) -> Iterator[Any]:
-    """A live server in a subprocess; yields its URL (and its data directory with keep_data_dir)."""
-    data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_mixed_"))
-    log_path, port = data_dir / "server.log", _free_port()
-    env = {**os.environ, "SKYRL_TX_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
-            "--port", str(port), "--backend-config", json.dumps(backend_config), *extra_args]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not (READY_MARKER in log_path.read_text(errors="replace") and _healthy(url)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench mixed: the server did not start; log tail:\n"
-                                   + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
-            time.sleep(0.1)
-        yield (url, data_dir) if keep_data_dir else url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _loop_until(stop: threading.Event, counter: list[int], call) -> None:
@@ -99,8 +64,9 @@ def measure(base_model: str, share: float, trainers: int, samplers: int, seconds
             max_tokens: int) -> dict[str, float]:
     import tinker
 
-    with _server(base_model, {"sampling_share": share, "max_lora_adapters": max(trainers, 1)}) as url:
-        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+    config = {"sampling_share": share, "max_lora_adapters": max(trainers, 1)}
+    with bench_server(base_model, name="bench mixed", args=["--backend-config", json.dumps(config)]) as live:
+        os.environ.update(TINKER_BASE_URL=live.url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
         with tinker.ServiceClient() as service:
             training = [service.create_lora_training_client(base_model=base_model, rank=8).result()
                         for _ in range(trainers)]
@@ -123,9 +89,12 @@ def run_mixed(argv: list[str]) -> list[dict[str, float]]:
     parser.add_argument("--samplers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     rows = [measure(args.base_model, float(s), args.trainers, args.samplers, args.seconds, args.max_tokens)
             for s in args.shares.split(",")]
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
     print(f"{'share':>6} {'train/s alone':>14} {'mixed':>8} {'ratio':>6} {'samples/s alone':>16} {'mixed':>8} "
           f"{'ratio':>6}")
     for r in rows:

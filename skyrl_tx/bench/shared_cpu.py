@@ -17,16 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from skyrl_tx.bench.api import READY_MARKER, _free_port, _healthy, percentile
+from skyrl_tx.bench.api import percentile
+from skyrl_tx.bench.live_server import bench_server
 from skyrl_tx.bench.report import write_json
 from skyrl_tx.engine.threads import CHOSEN_ENV, POLICY_ENV, WAIT_ENV
 
@@ -42,37 +41,10 @@ MAX_BUSY_OVER_IDLE_P50 = 1.5
 
 @contextlib.contextmanager
 def server(base_model: str, policy_env: dict[str, str], timeout_s: float = 180.0) -> Iterator[tuple[str, Path]]:
-    """The real server in a subprocess; yields its URL and log file."""
-    data_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_bench_shared_cpu_"))
-    log_path, port = data_dir / "server.log", _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
-    env.update(policy_env, SKYRL_TX_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
-    args = [sys.executable, "-m", "skyrl_tx.api", "--base-model", base_model, "--host", "127.0.0.1",
-            "--port", str(port)]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not (READY_MARKER in log_path.read_text(errors="replace") and _healthy(url)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench shared-cpu: the server did not start; log tail:\n"
-                                   + "\n".join(log_path.read_text(errors="replace").splitlines()[-30:]))
-            time.sleep(0.1)
-        yield url, log_path
-    except BaseException:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
-        print(f"bench shared-cpu: server log tail ({base_model}, {policy_env or 'policy fit'}):\n{tail}",
-              file=sys.stderr)
-        raise
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    """The real server in a subprocess under one thread policy; yields its URL and log file."""
+    with bench_server(base_model, name=f"bench shared-cpu ({policy_env or 'policy fit'})", env=policy_env,
+                      drop_env=THREAD_ENV, timeout_s=timeout_s) as live:
+        yield live.url, live.log_path
 
 
 @contextlib.contextmanager
