@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from skyrl_tx.db import future_queries, unload_requests
@@ -20,15 +20,12 @@ from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelSt
                                 SessionRecord, SessionStatus)
 from skyrl_tx.engine import executor, recovery_state, replay, snapshots
 from skyrl_tx.engine.checkpointing import Checkpointer
+from skyrl_tx.engine.seq_order import SeqOrder
 from skyrl_tx.errors import ConflictError, ErrorCode, NotFoundError, SkyrlTxError, UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
 
 TRAIN_TYPES = ("forward_backward", "forward")  # batched across models; everything else is a per-model barrier
-# A model's requests run in seq_id order, and a missing seq_id is never skipped: every request the API rejects
-# after reading its seq_id is stored as a failed future (api/submit.py), so a gap is always a request still on its
-# way (a slow upload). It is waited for until its session expires; then the requests queued behind it fail.
-GAP_LOG_EVERY_S = 30.0  # how often a model still waiting for a missing seq_id says so in the log
 # Training and sampling share the device: after a training pass of T s, decoding is owed T * share / (1 - share)
 # s (backend-config sampling_share), paid before the next pass, so that neither starves the other.
 DEFAULT_SAMPLING_SHARE = 0.5
@@ -61,8 +58,7 @@ class EngineLoop:
         self.notify = notify
         self.session_timeout_s = session_timeout_s
         self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
-        self._last_seq: dict[str, int] = {}  # model id → highest seq_id executed
-        self._gaps: dict[str, tuple[int, float]] = {}  # model id → (missing seq_id, when it was last logged)
+        self.order = SeqOrder(session_factory)  # per-model seq_id progress and the gaps waited on
         self.had_pending = True  # whether the last scan left requests it could not run yet
         settings = getattr(backend, "settings", None)
         self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
@@ -151,65 +147,17 @@ class EngineLoop:
         return self._decode() or ran > 0
 
     def _in_order(self, model_id: str, queue: list[FutureRow]) -> list[FutureRow]:
-        """The prefix of a model's sorted queue that may run now: no seq_id before it is still missing."""
-        last = self._last_seq.get(model_id)
-        if last is None:  # the engine runs a model's requests in order: its newest completed one marks progress
-            with self.sessions() as db:
-                last = db.scalar(select(func.max(FutureRecord.seq_id)).where(
-                    FutureRecord.model_id == model_id, FutureRecord.status == FutureStatus.COMPLETED.value)) or 0
-            last = self._last_seq[model_id] = self._finished_through(model_id, last)
-        runnable = []
-        for i, f in enumerate(queue):
-            if f.seq_id is not None and f.seq_id > last + 1:
-                # The API may have stored the missing ones as failed (rejected at its edge): read them once.
-                last = self._last_seq[model_id] = self._finished_through(model_id, last)
-                if f.seq_id > last + 1:
-                    unload = next((u for u in queue[i:] if u.request_type == "unload_model"), None)
-                    if unload is not None:  # the model ends (unload, closed session): what waits cannot run
-                        self._fail_blocked(model_id, last + 1, [b for b in queue[i:] if b is not unload])
-                        runnable.append(unload)
-                        break
-                    self._log_gap(model_id, last + 1, f)
-                    break  # an earlier request of this model has not arrived yet
-            runnable.append(f)
-            if f.seq_id is not None:
-                last = f.seq_id
-        if runnable or model_id not in self._gaps or self._gaps[model_id][0] <= last:
-            self._gaps.pop(model_id, None)
-        return runnable
-
-    def _finished_through(self, model_id: str, last: int) -> int:
-        """`last` advanced over the model's finished (completed or failed) seq_ids that follow it without a gap."""
-        with self.sessions() as db:
-            done = db.scalars(select(FutureRecord.seq_id).where(
-                FutureRecord.model_id == model_id, FutureRecord.seq_id > last,
-                FutureRecord.status.in_([FutureStatus.COMPLETED.value, FutureStatus.FAILED.value]))).all()
-        for seq_id in sorted(done):
-            if seq_id != last + 1:
-                break
-            last = seq_id
-        return last
-
-    def _log_gap(self, model_id: str, missing: int, waiting: FutureRow) -> None:
-        now = datetime.now(timezone.utc).timestamp()
-        seen = self._gaps.get(model_id)
-        if seen is not None and seen[0] == missing and now - seen[1] < GAP_LOG_EVERY_S:
-            return
-        self._gaps[model_id] = (missing, now)
-        log.warning("model %s: request seq_id %d has not arrived; seq_id %d and later wait for it (for %.0f s so "
-                    "far; until the session expires)", model_id, missing, waiting.seq_id,
-                    now - waiting.created_at.timestamp())
-
-    def _fail_blocked(self, model_id: str, missing: int, blocked: list[FutureRow]) -> None:
-        """Fails requests that waited behind a seq_id that will never arrive (their model is being unloaded)."""
-        error = {"category": "user", "code": ErrorCode.CONFLICT.value,
-                 "message": f"model {model_id} was unloaded (or its session finished or expired) while this request "
-                            f"waited for request seq_id {missing}, which never arrived; it did not run"}
-        log.warning("model %s: %d request(s) waiting for seq_id %d failed: the model is being unloaded",
-                    model_id, len(blocked), missing)
-        self._gaps.pop(model_id, None)
-        if blocked:
-            self._finish_many([(f, None, error) for f in blocked])
+        """The part of a model's sorted queue that may run now (engine/seq_order.py); what never can is failed."""
+        runnable = self.order.runnable(model_id, queue)
+        if runnable.never:
+            error = {"category": "user", "code": ErrorCode.CONFLICT.value,
+                     "message": f"model {model_id} was unloaded (or its session finished or expired) while this "
+                                f"request waited for request seq_id {runnable.missing}, which never arrived; it did "
+                                "not run"}
+            log.warning("model %s: %d request(s) waiting for seq_id %d failed: the model is being unloaded",
+                        model_id, len(runnable.never), runnable.missing)
+            self._finish_many([(f, None, error) for f in runnable.never])
+        return runnable.now
 
     def _run_unloads(self, by_model: dict[str, list[FutureRow]]) -> int:
         """Unloads every model whose queue starts with its unload request. A model still serving samples keeps
@@ -231,13 +179,8 @@ class EngineLoop:
     def _mark_unloaded(self, f: FutureRow) -> dict[str, Any]:
         with self.sessions.begin() as db:
             db.get(ModelRecord, f.model_id).status = ModelStatus.UNLOADED.value
-        self._gaps.pop(f.model_id, None)
+        self.order.forget(f.model_id)
         return {"model_id": f.model_id}
-
-    def waiting_for(self, model_id: str) -> int | None:
-        """The missing seq_id a model's queued requests wait for, if any (for status reporting)."""
-        gap = self._gaps.get(model_id)
-        return gap[0] if gap else None
 
     # ---- training ------------------------------------------------------------------------------
     def _run_training(self, by_model: dict[str, list[FutureRow]]) -> int:
@@ -475,7 +418,7 @@ class EngineLoop:
         outcomes = []
         for f, result, error in done:
             if f.model_id and f.seq_id is not None:
-                self._last_seq[f.model_id] = max(self._last_seq.get(f.model_id, 0), f.seq_id)
+                self.order.finished(f.model_id, f.seq_id)
             status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
             outcomes.append(FutureOutcome(f.id, status, f.request_type, result, error))
         with self.database.begin() as db:

@@ -26,7 +26,7 @@ def test_a_missing_seq_id_is_waited_for_however_long(loop) -> None:
     for _ in range(3):
         loop.step()
     assert results(loop)[f"{MODEL}:2"].status == "pending"
-    assert loop.waiting_for(MODEL) == 1
+    assert loop.order.waiting_for(MODEL) == 1
     add(loop, future(f"{MODEL}:1", "forward_backward", FB, MODEL, 1))
     for _ in range(3):
         loop.step()
@@ -34,7 +34,7 @@ def test_a_missing_seq_id_is_waited_for_however_long(loop) -> None:
     assert done[f"{MODEL}:1"].status == done[f"{MODEL}:2"].status == "completed"
     assert done[f"{MODEL}:2"].result["metrics"]["grad_norm"] > 0  # the step ran after the gradients
     assert done[f"{MODEL}:1"].completed_at <= done[f"{MODEL}:2"].completed_at
-    assert loop.waiting_for(MODEL) is None
+    assert loop.order.waiting_for(MODEL) is None
 
 
 def test_a_request_rejected_at_the_edge_fills_its_gap(loop) -> None:
