@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -137,6 +138,8 @@ def test_tinker_cli_lists_runs_and_checkpoints_and_downloads(service_client, tra
 
     def run(*args: str) -> str:
         for attempt in range(2):
+            if "--output" in args:  # a retry starts from an empty target (the CLI refuses an existing one)
+                shutil.rmtree(args[args.index("--output") + 1], ignore_errors=True)
             result = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
             # The CLI process (which imports torch) once died of SIGABRT at interpreter exit in CI, after printing
             # its complete, correct output. That is the client's own shutdown, not our server's answer: such a
