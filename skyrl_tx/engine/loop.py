@@ -63,6 +63,7 @@ class EngineLoop:
         settings = getattr(backend, "settings", None)
         self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
         self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
+        self.arrived: Callable[[], bool] = lambda: False  # whether a request arrived since the last scan (run_engine)
 
     def expire_sessions(self) -> list[str]:
         """Sessions silent past the timeout end like finished ones: each live model gets an unload request
@@ -373,7 +374,8 @@ class EngineLoop:
             started = time.perf_counter()
             self._advance_sampling()
             self._decode_credit_s = max(self._decode_credit_s - (time.perf_counter() - started), 0.0)
-            if self._decode_credit_s <= 0 or not self._sampling or time.perf_counter() >= deadline:
+            if (self._decode_credit_s <= 0 or not self._sampling or time.perf_counter() >= deadline
+                    or self.arrived()):  # a new request (often the next sample of a client just served): scan
                 return True
 
     def _advance_sampling(self) -> bool:

@@ -34,6 +34,7 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
     """Recovers (rebuilding models from the request log), then runs steps until `stop` is set.
     A failing step is logged and the loop goes on: its requests already carry their errors."""
     loop.checkpointer.saves.on_done = wake.set  # a save written on the worker is stored at the next step
+    loop.arrived = wake.is_set  # owed decode steps stop early for a new request, so it joins the batch at once
     loop.recover()
     on_ready()
     next_sweep = time.monotonic() + SWEEP_EVERY_S
