@@ -1,7 +1,7 @@
 """`python -m skyrl_tx.bench mixed`: training and sampling on one server; neither may starve the other.
 
-Three phases against a live server (the tiny preset by default) through the tinker SDK: samplers alone, trainers
-alone (each looping forward_backward + optim_step), then both at once. Reports sampling requests/s and training
+Three phases against a live server (the tiny preset by default) through the tinker SDK, trainers and samplers each
+in their own process: samplers alone, trainers alone (each looping forward_backward + optim_step), then both at once. Reports sampling requests/s and training
 steps/s of the mixed phase as ratios of the phases alone, once per backend-config `sampling_share` asked for
 (0 is the old schedule: one decode step per training pass). The goal: both ratios >= 0.5 at the default share.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -28,8 +29,8 @@ def _loop_until(stop: threading.Event, counter: list[int], call) -> None:
         counter[0] += 1
 
 
-def _phase(trainers: list[Any], samplers: list[Any], seconds: float, max_tokens: int) -> tuple[float, float]:
-    """Runs the given clients for `seconds`; returns (training steps/s, sampling requests/s)."""
+def _run_role(role: str, clients: list[Any], seconds: float, max_tokens: int) -> float:
+    """Every client loops its call for `seconds` (one thread each); returns calls per second (training: steps)."""
     from tinker import types
 
     datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
@@ -38,43 +39,73 @@ def _phase(trainers: list[Any], samplers: list[Any], seconds: float, max_tokens:
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
     prompt = types.ModelInput.from_ints(TOKENS[:8])
 
-    def train(client) -> None:
-        client.forward_backward([datum] * 4, "cross_entropy").result()
-        client.optim_step(adam).result()
+    def call(client: Any) -> None:
+        if role == "train":
+            client.forward_backward([datum] * 4, "cross_entropy").result()
+            client.optim_step(adam).result()
+        else:
+            client.sample(prompt=prompt, sampling_params=params, num_samples=1).result()
 
-    stop, threads = threading.Event(), []
-    steps, samples = [[0] for _ in trainers], [[0] for _ in samplers]
-    for client, counter in zip(trainers, steps):
-        threads.append(threading.Thread(target=_loop_until, args=(stop, counter, lambda c=client: train(c))))
-    for client, counter in zip(samplers, samples):
-        threads.append(threading.Thread(target=_loop_until, args=(
-            stop, counter, lambda c=client: c.sample(prompt=prompt, sampling_params=params, num_samples=1).result())))
+    stop, counters = threading.Event(), [[0] for _ in clients]
+    threads = [threading.Thread(target=_loop_until, args=(stop, counter, lambda c=client: call(c)))
+               for client, counter in zip(clients, counters)]
+    started = time.monotonic()
     for t in threads:
         t.start()
-    started = time.monotonic()
     time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - started
-    return sum(c[0] for c in steps) / elapsed, sum(c[0] for c in samples) / elapsed
+    return sum(c[0] for c in counters) / (time.monotonic() - started)
+
+
+def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, max_tokens: int) -> None:
+    """One user population in its own process (as separate users are; one process would share one GIL): makes its
+    clients, then runs each `seconds` it is sent and answers the rate, until it is sent None."""
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
+    import tinker
+
+    with tinker.ServiceClient() as service:
+        if role == "train":
+            clients = [service.create_lora_training_client(base_model=base_model, rank=8).result()
+                       for _ in range(count)]
+        else:
+            clients = [service.create_sampling_client(base_model=base_model) for _ in range(count)]
+        conn.send("ready")
+        while (seconds := conn.recv()) is not None:
+            conn.send(_run_role(role, clients, seconds, max_tokens))
 
 
 def measure(base_model: str, share: float, trainers: int, samplers: int, seconds: float,
             max_tokens: int) -> dict[str, float]:
-    import tinker
-
     config = {"sampling_share": share, "max_lora_adapters": max(trainers, 1)}
+    context = multiprocessing.get_context("spawn")
     with bench_server(base_model, name="bench mixed", args=["--backend-config", json.dumps(config)]) as live:
-        os.environ.update(TINKER_BASE_URL=live.url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
-        with tinker.ServiceClient() as service:
-            training = [service.create_lora_training_client(base_model=base_model, rank=8).result()
-                        for _ in range(trainers)]
-            sampling = [service.create_sampling_client(base_model=base_model) for _ in range(samplers)]
-            _phase(training[:1], sampling[:1], min(seconds, 3.0), max_tokens)  # warm-up
-            _, sample_alone = _phase([], sampling, seconds, max_tokens)
-            train_alone, _ = _phase(training, [], seconds, max_tokens)
-            train_mixed, sample_mixed = _phase(training, sampling, seconds, max_tokens)
+        roles = {}
+        for role, count in (("train", trainers), ("sample", samplers)):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_role_process, args=(theirs, live.url, base_model, role, count,
+                                                                  max_tokens), daemon=True)
+            process.start()
+            roles[role] = (ours, process)
+        try:
+            for conn, _ in roles.values():
+                assert conn.recv() == "ready"
+
+            def phase(*names: str, length: float = seconds) -> dict[str, float]:
+                for name in names:
+                    roles[name][0].send(length)
+                return {name: roles[name][0].recv() for name in names}
+
+            phase("train", "sample", length=min(seconds, 3.0))  # warm-up
+            sample_alone = phase("sample")["sample"]
+            train_alone = phase("train")["train"]
+            mixed = phase("train", "sample")
+        finally:
+            for conn, process in roles.values():
+                conn.send(None)
+                process.join(60)
+    train_mixed, sample_mixed = mixed["train"], mixed["sample"]
     return {"sampling_share": share, "train_steps_per_s_alone": train_alone, "train_steps_per_s_mixed": train_mixed,
             "samples_per_s_alone": sample_alone, "samples_per_s_mixed": sample_mixed,
             "training_ratio": train_mixed / train_alone if train_alone else 0.0,
