@@ -51,6 +51,15 @@ def tinker_env(server_url: ServerUrl) -> Iterator[ServerUrl]:
         yield server_url
 
 
+@pytest.fixture
+def http(server_url: ServerUrl) -> Iterator[Any]:
+    """A raw HTTP client of this module's server (for what the SDK cannot send), with the SDK's key header."""
+    import httpx
+
+    with httpx.Client(base_url=server_url, headers={"X-API-Key": API_KEY}, timeout=120) as client:
+        yield client
+
+
 @pytest.fixture(scope="module")
 def service_client(tinker_env: ServerUrl) -> Iterator[Any]:
     """One tinker.ServiceClient (one session) per module and backend; closed (session finished) at the end."""

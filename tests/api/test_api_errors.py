@@ -4,7 +4,6 @@ and over raw HTTP (status, JSON body). The server runs with max_lora_rank 8 and 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,9 +11,10 @@ import pytest
 import tinker
 from tinker import types
 
+from sdk_training import token_datum as datum
+
 BASE_MODEL = "tiny-qwen3"
 VOCAB_SIZE = 2112
-HEADERS = {"X-API-Key": "tml-test"}
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +32,6 @@ def sampler(service_client: Any) -> Any:
     return service_client.create_sampling_client(base_model=BASE_MODEL).result()
 
 
-@pytest.fixture
-def http(server_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server_url, headers=HEADERS, timeout=60) as client:
-        yield client
-
-
-def datum(tokens: list[int], **inputs: Any) -> types.Datum:
-    loss_fn_inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1), **inputs}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_fn_inputs)
 
 
 GOOD = [datum([5, 17, 300, 42, 7])]

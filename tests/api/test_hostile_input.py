@@ -18,11 +18,12 @@ import pytest
 import tinker
 import zstandard
 from tinker import types
+
+from sdk_training import token_datum as datum
 from tinker.proto import request_conv
 
 BASE_MODEL = "tiny-qwen3"
 MAX_POSITIONS = 4096  # tiny-qwen3's max_position_embeddings
-HEADERS = {"X-API-Key": "tml-test"}
 PROTOBUF = "application/x-protobuf"
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 BODY_LIMIT = 256 * 1024 * 1024  # ServerSettings.max_request_bytes
@@ -39,11 +40,6 @@ def sampler(service_client: Any) -> Any:
     return service_client.create_sampling_client(base_model=BASE_MODEL).result()
 
 
-@pytest.fixture
-def http(server_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server_url, headers=HEADERS, timeout=120) as client:
-        yield client
-
 
 @pytest.fixture(autouse=True)
 def server_stays_healthy(server_url: str) -> Iterator[None]:
@@ -51,10 +47,6 @@ def server_stays_healthy(server_url: str) -> Iterator[None]:
     r = httpx.get(f"{server_url}/api/v1/healthz", timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "ok", r.text
 
-
-def datum(tokens: list[int], **inputs: Any) -> types.Datum:
-    loss_fn_inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1), **inputs}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_fn_inputs)
 
 
 def bad_request(future_or_call: Any) -> str:

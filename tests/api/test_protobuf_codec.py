@@ -30,7 +30,6 @@ from tinker.types import (
 from skyrl_tx.wire import codec
 from skyrl_tx.wire import tinker_wire_pb2 as our_pb
 from skyrl_tx.wire.codec import (
-    decode_forward_backward_output,
     decode_forward_backward_request,
     encode_forward_backward_output,
     encode_sample_response,

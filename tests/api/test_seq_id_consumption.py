@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,11 @@ import httpx
 import pytest
 import tinker
 from tinker import types
+
+from sdk_training import token_datum as datum
 from tinker.proto import request_conv
 
 BASE_MODEL = "tiny-qwen3"
-HEADERS = {"X-API-Key": "tml-test"}
 PROTOBUF = "application/x-protobuf"
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 TIMEOUT_S = 60  # far below the session timeout a skipped-over gap would wait for
@@ -29,15 +29,6 @@ def server_options() -> dict[str, Any]:
     return {"backend_config": {"max_lora_adapters": 16}}  # a model per test case
 
 
-@pytest.fixture
-def http(server_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server_url, headers=HEADERS, timeout=60) as client:
-        yield client
-
-
-def datum(tokens: list[int], **inputs: Any) -> types.Datum:
-    loss_fn_inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1), **inputs}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_fn_inputs)
 
 
 GOOD = [datum([5, 17, 300, 42, 7])]

@@ -40,3 +40,9 @@ def download(urls: dict[str, str], dest: Path) -> Path:
         with urllib.request.urlopen(url) as response:
             (dest / name).write_bytes(response.read())
     return dest
+
+
+def token_datum(tokens: list[int], **inputs) -> types.Datum:
+    """A next-token datum over `tokens` (weights 1), with extra or replaced loss_fn_inputs."""
+    loss_fn_inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1), **inputs}
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_fn_inputs)
