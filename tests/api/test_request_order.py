@@ -42,6 +42,7 @@ def test_forward_backward_arriving_after_its_optim_step_is_applied_first(tinker_
                              timeout=60).json()
         assert waiting["type"] == "try_again", waiting
         assert "waiting for request seq_id 1 of model" in waiting["queue_state_reason"], waiting
+        assert waiting["queue_state"] == "paused_capacity", waiting  # the SDK logs the reason only when paused
         fb = types.ForwardBackwardRequest(forward_backward_input=types.ForwardBackwardInput(
             data=[datum(0)], loss_fn="cross_entropy"), model_id=model_id, seq_id=1)
         body = forward_backward_request_to_proto(fb).SerializeToString()

@@ -104,8 +104,8 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Resp
             if remaining <= 0:
                 answer = {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
                 reason = await asyncio.to_thread(_waiting_reason, request, body.request_id)
-                if reason:  # the SDK logs it for the user
-                    answer["queue_state_reason"] = reason
+                if reason:  # the SDK logs "<call> for <id> is paused. Reason: ..." for a non-active state only
+                    answer.update(queue_state="paused_capacity", queue_state_reason=reason)
                 return JSONResponse(answer)
             try:
                 await asyncio.wait_for(waiter.event.wait(), timeout=min(recheck, remaining))
