@@ -5,12 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError, SkyrlTxError
 
 log = logging.getLogger("skyrl_tx")
+
+# Secret settings may come from these environment variables (or --X-file) instead of the command line.
+DATABASE_URL_ENV = "SKYRL_TX_DATABASE_URL"
+STORAGE_OPTIONS_ENV = "SKYRL_TX_CHECKPOINTS_STORAGE_OPTIONS"
+SIGNING_SECRET_ENV = "SKYRL_TX_URL_SIGNING_SECRET"
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +36,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="unload the models of a session that sent no heartbeat for this long (default 300)")
     parser.add_argument("--database-url", default=None,
-                        help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx)")
+                        help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx). "
+                             f"A URL with a password: pass it with --database-url-file or ${DATABASE_URL_ENV} "
+                             "instead, since every user of the machine can read command lines (ps)")
+    parser.add_argument("--database-url-file", default=None, metavar="PATH", help="a file holding --database-url")
     parser.add_argument("--checkpoints-base", default=None, metavar="URL",
                         help="where checkpoints are written: a local directory or an fsspec URL such as "
                              "s3://bucket/prefix (default: <data dir>/checkpoints)")
@@ -37,7 +47,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="process (default): a child process the server restarts if it dies; thread: inside "
                              "the server process; external: run `skyrl-tx engine` yourself on the same database")
     parser.add_argument("--checkpoints-storage-options", default=None, metavar="JSON",
-                        help='fsspec options for --checkpoints-base, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
+                        help='fsspec options for --checkpoints-base, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'; '
+                             f'with credentials use --checkpoints-storage-options-file or ${STORAGE_OPTIONS_ENV}')
+    parser.add_argument("--checkpoints-storage-options-file", default=None, metavar="PATH",
+                        help="a file holding --checkpoints-storage-options")
+    parser.add_argument("--url-signing-secret", default=None, metavar="SECRET",
+                        help=f"signs checkpoint download URLs (at least 16 characters; better: "
+                             f"--url-signing-secret-file or ${SIGNING_SECRET_ENV}); default: a random secret kept in "
+                             "<data dir>/url_signing_secret (mode 0600), so issued URLs survive restarts; replicas "
+                             "behind one address need the same one")
+    parser.add_argument("--url-signing-secret-file", default=None, metavar="PATH",
+                        help="a file holding --url-signing-secret")
 
 
 def _json_object(text: str | None, flag: str) -> dict:
@@ -52,16 +72,35 @@ def _json_object(text: str | None, flag: str) -> dict:
     return value
 
 
+def secret_option(args: argparse.Namespace, name: str, env: str) -> str | None:
+    """--NAME, else the contents of --NAME-file, else $ENV: secrets given by file or environment stay off the
+    command line, which `ps` shows to every user of the machine."""
+    flag = "--" + name.replace("_", "-")
+    if getattr(args, name, None):
+        return getattr(args, name)
+    path = getattr(args, f"{name}_file", None)
+    if path:
+        try:
+            value = Path(path).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgumentError(f"{flag}-file: cannot read {path} ({exc})") from exc
+        if not value:
+            raise InvalidArgumentError(f"{flag}-file: {path} is empty; write the value of {flag} into it")
+        return value
+    return os.environ.get(env) or None
+
+
 def server_settings(args: argparse.Namespace):
     from skyrl_tx.config import ServerSettings
 
+    storage_options = secret_option(args, "checkpoints_storage_options", STORAGE_OPTIONS_ENV)
     return ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
-                          port=args.port, database_url=args.database_url,
+                          port=args.port, database_url=secret_option(args, "database_url", DATABASE_URL_ENV),
                           backend=BackendSettings.from_json(args.backend_config),
                           session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
-                          checkpoints_storage_options=_json_object(args.checkpoints_storage_options,
-                                                                   "--checkpoints-storage-options"),
-                          engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None))
+                          checkpoints_storage_options=_json_object(storage_options, "--checkpoints-storage-options"),
+                          engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None),
+                          url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -116,13 +155,9 @@ def generate_preset(args: argparse.Namespace) -> int:
 
 # --- skyrl-tx db: schema migrations (skyrl_tx.db.migrate) -------------------------------------------------
 
-DATABASE_URL_ENV = "SKYRL_TX_DATABASE_URL"
-
 
 def database_url_from(args: argparse.Namespace) -> str:
     """--database-url, else $SKYRL_TX_DATABASE_URL, else SQLite in the data directory ($SKYRL_TX_DATA_DIR)."""
-    import os
-
     if args.database_url:
         return args.database_url
     if os.environ.get(DATABASE_URL_ENV):

@@ -108,19 +108,21 @@ class ServerSettings:
     model_aliases: tuple[str, ...] = ()  # further names clients may use for the same base model
     host: str = "127.0.0.1"
     port: int = 8000
-    database_url: str | None = None  # default: SQLite under the data directory
+    database_url: str | None = dataclasses.field(default=None, repr=False)  # default: SQLite in the data directory
     backend: BackendSettings = BackendSettings()
     max_request_bytes: int = 256 * 1024 * 1024  # larger bodies get 413
     long_poll_s: float = 25.0  # retrieve_future waits this long before answering try_again
     session_timeout_s: float = 300.0  # a session without heartbeats this long has its models unloaded
     checkpoints_base: str | None = None  # local directory or fsspec URL (s3://bucket/prefix); default: data dir
-    checkpoints_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # fsspec options
+    checkpoints_storage_options: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)  # fsspec
     # process: a child process the server restarts if it dies; thread: inside the server process;
     # external: started separately (`skyrl-tx engine`), found through the database only
     engine: str = "process"
     # The base URL clients reach this server at (behind a proxy: the proxy's), e.g. https://tinker.example:443.
     # Signed checkpoint download URLs point there. None: the listen address.
     public_url: str | None = None
+    # Signs checkpoint download URLs (api/url_signing.py). None: a random secret kept in the data directory (0600).
+    url_signing_secret: str | None = dataclasses.field(default=None, repr=False)
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import secrets
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,13 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.submit import record_unusable_body
+from skyrl_tx.api.url_signing import signing_secret
 from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training, training_runs
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
 from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.checkpoints.store import CheckpointStore, default_checkpoints_base
-from skyrl_tx.db.session import default_database_url, make_engine, make_session_factory
+from skyrl_tx.db.session import default_data_dir, default_database_url, make_engine, make_session_factory
 from skyrl_tx.engine.process import EngineProcess
 from skyrl_tx.engine.settings import EngineSettings
 from skyrl_tx.errors import InvalidArgumentError
@@ -132,7 +132,7 @@ def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
                  on_finished: Notify) -> Any:
     """The engine host for settings.engine (the API itself never imports the extension)."""
     if settings.engine == "process":
-        return EngineProcess([json.dumps(engine_settings.to_json()), "--stdio"], on_finished=on_finished)
+        return EngineProcess(json.dumps(engine_settings.to_json()), on_finished=on_finished)
     from skyrl_tx.engine.runner import EngineRunner, ExternalEngine  # loads torch: only for these two modes
 
     if settings.engine == "thread":
@@ -181,7 +181,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app.state.database = engine  # Core connections for the futures hot path (api/deps.py in_db)
     app.state.waiters = waiters
     app.state.store = store
-    app.state.download_secret = secrets.token_bytes(32)  # signs checkpoint download URLs of this server run
+    app.state.download_secret = signing_secret(settings.url_signing_secret, default_data_dir())
     app.state.wake_engine = runner.wake
     app.state.engine = runner
     app.state.model_dir = model_dir

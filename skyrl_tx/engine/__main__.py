@@ -1,7 +1,9 @@
-"""`python -m skyrl_tx.engine '<settings JSON>' [--stdio]`: the engine process (see engine/process.py).
+"""`python -m skyrl_tx.engine --stdio`: the engine child process of a server (see engine/process.py).
 
-With --stdio it talks to its parent server over stdin/stdout; without it, it runs standalone beside a
-server started with `--engine external` (both find each other only through the database)."""
+It reads its settings JSON as the first line of stdin (it holds secrets: never on the command line, which `ps`
+shows to every user), then talks to its parent server over stdin/stdout. `python -m skyrl_tx.engine '<settings
+JSON>' [--stdio]` takes them from the command line instead: for tests and debugging only (standalone, beside a
+server started with `--engine external`, use `skyrl-tx engine`, which takes secrets from files or the environment)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--stdio"]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
-    settings = EngineSettings.from_json(json.loads(argv[0]))
+    if argv:
+        raw = argv[0]
+    elif stdio:
+        raw = sys.stdin.readline()  # before the wake-up reader below takes over stdin
+    else:
+        print("usage: python -m skyrl_tx.engine --stdio (settings JSON as the first line of stdin)", file=sys.stderr)
+        return 2
+    if not raw.strip():
+        logging.getLogger("skyrl_tx.engine").error("no settings: stdin closed before the settings line")
+        return 2
+    settings = EngineSettings.from_json(json.loads(raw))
     settings.configure_threads()  # first, before anything loads torch: OpenMP reads its wait policy at load
     events = sys.stdout
     sys.stdout = sys.stderr  # nothing but protocol lines may reach the parent's pipe

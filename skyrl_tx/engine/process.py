@@ -1,7 +1,9 @@
 """EngineProcess: runs the engine as a child process of the API server and restarts it when it dies.
 
-Protocol over the child's pipes (no polling on the hot path): the server writes a line to the engine's
-stdin to wake it after storing a request; the engine writes `ready` once it has recovered, and
+Protocol over the child's pipes (no polling on the hot path): the server's first line on the engine's stdin is
+its settings JSON (engine/settings.py: the database URL with its password, storage credentials), so no secret is
+on the child's command line, which every user of the machine can read (`ps`, /proc/PID/cmdline); then the server
+writes a line to wake it after storing a request; the engine writes `ready` once it has recovered, and
 `done <JSON list of FutureOutcome>` whenever futures finish (what it just stored, so the woken long-polls
 answer without reading it back). The engine exits when its stdin closes (server gone).
 Pending requests live in the database, so a restarted engine simply picks them up (engine/replay.py
@@ -17,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
 
 from skyrl_tx.db.future_queries import FutureOutcome, Notify, outcome_from_json, outcome_to_json
 
@@ -43,8 +44,9 @@ def parse_done_line(line: str) -> list[FutureOutcome]:
 class EngineProcess:
     """Same face as EngineRunner: start(), wake(), stop(), ready, failed, pid."""
 
-    def __init__(self, argv: Sequence[str], on_finished: Notify = lambda outcomes: None):
-        self._argv = [sys.executable, "-m", "skyrl_tx.engine", *argv]
+    def __init__(self, settings_json: str, on_finished: Notify = lambda outcomes: None):
+        self._argv = [sys.executable, "-m", "skyrl_tx.engine", "--stdio"]  # settings go through stdin, never here
+        self._settings_line = settings_json.encode() + b"\n"  # json.dumps escapes newlines: one line
         self._on_finished = on_finished
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
@@ -94,8 +96,9 @@ class EngineProcess:
         crashes = 0
         while not self._stopping:
             started = time.monotonic()
-            with self._lock:
+            with self._lock:  # the settings line goes first: wake() writes only under this lock
                 self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                self._send_settings(self._process)
             process = self._process
             log.info("engine process %d started", process.pid)
             self._read_events(process)
@@ -113,6 +116,14 @@ class EngineProcess:
                       process.pid, code, delay)
             self.restarts += 1
             time.sleep(delay)
+
+    def _send_settings(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdin is not None
+        try:
+            process.stdin.write(self._settings_line)
+            process.stdin.flush()
+        except (BrokenPipeError, OSError):  # died at once: _supervise reports its exit code
+            log.error("engine process %d exited before it read its settings", process.pid)
 
     def _read_events(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None

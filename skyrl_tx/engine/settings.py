@@ -1,4 +1,4 @@
-"""EngineSettings: what an engine process needs to start (passed to it as JSON), and how it starts."""
+"""EngineSettings: what an engine process needs to start (JSON on its stdin, never argv), and how it starts."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ log = logging.getLogger("skyrl_tx.engine")
 class EngineSettings:
     base_model: str
     model_dir: str  # resolved by the server, so both processes use the very same files
-    database_url: str
+    database_url: str = field(repr=False)  # may hold a password
     checkpoints_base: str
     backend: dict[str, Any] = field(default_factory=dict)  # BackendSettings fields
-    checkpoints_storage_options: dict[str, Any] = field(default_factory=dict)
+    checkpoints_storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # credentials
     session_timeout_s: float = 300.0
 
     @classmethod

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -16,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.routes.checkpoints import check_ttl
+from skyrl_tx.api.url_signing import signature, signature_matches
 from skyrl_tx.api.validation import INT64_MAX
 from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.paths import TinkerPath
@@ -133,18 +132,14 @@ def publish_checkpoint(run_id: str, kind: str, name: str) -> None:
                                "already read every checkpoint by its tinker:// path")
 
 
-def _signature(secret: bytes, checkpoint: int, file: str, expires: int) -> str:
-    return hmac.new(secret, f"{checkpoint}/{file}/{expires}".encode(), hashlib.sha256).hexdigest()
-
-
 @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
 def external_weights_urls(run_id: str, kind: str, name: str, request: Request, db: DbDep) -> dict[str, Any]:
     row = _ready(db, run_id, kind, name)
     expires = int(time.time()) + URL_LIFETIME_S
-    secret = request.app.state.download_secret
+    secret = request.app.state.download_secret  # api/url_signing.py: survives restarts
     base = request.app.state.settings.public_base_url()  # never the request's Host header: a client could set it
     urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&"
-                  f"sig={_signature(secret, row.id, file, expires)}"
+                  f"sig={signature(secret, row.id, file, expires)}"
             for file in request.app.state.store.files(row.storage_uri)}
     return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
 
@@ -153,9 +148,8 @@ def external_weights_urls(run_id: str, kind: str, name: str, request: Request, d
 def download_checkpoint_file(checkpoint: int, file: str, expires: int, sig: str, request: Request,
                              db: DbDep) -> StreamingResponse:
     """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory."""
-    expected = _signature(request.app.state.download_secret, checkpoint, file, expires)
-    # compare_digest takes ASCII strings only: any other character cannot be part of a hex signature anyway
-    if not sig.isascii() or not hmac.compare_digest(expected, sig) or expires < time.time():
+    if not signature_matches(request.app.state.download_secret, checkpoint, file, expires, sig) \
+            or expires < time.time():
         raise InvalidArgumentError("download: the URL's signature is invalid or expired; request new URLs")
     row = db.get(CheckpointRecord, checkpoint)
     if row is None or row.status != CheckpointStatus.READY.value:
