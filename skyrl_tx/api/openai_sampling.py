@@ -1,0 +1,118 @@
+"""The engine side of an OpenAI request: its model resolved to weights, its prompts submitted as the same `sample`
+futures the Tinker SDK's asample creates (one continuous batch for both), and their results awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from fastapi import Request
+from sqlalchemy import select
+
+from skyrl_tx.api.openai_errors import OpenAIError, from_future_error, from_skyrl
+from skyrl_tx.api.openai_schemas import SamplingSpec
+from skyrl_tx.api.submit import submit_future
+from skyrl_tx.checkpoints.catalog import ready_checkpoint
+from skyrl_tx.checkpoints.formats import ModelMeta
+from skyrl_tx.checkpoints.paths import TinkerPath
+from skyrl_tx.db import future_queries
+from skyrl_tx.db.future_queries import RESULT_IN_DATABASE
+from skyrl_tx.db.models import CheckpointKind, CheckpointRecord, CheckpointStatus, FutureStatus
+from skyrl_tx.errors import SkyrlTxError
+
+RECHECK_S = 1.0  # safety net only: results normally arrive by notification (as in retrieve_future)
+EXTERNAL_RECHECK_S = 0.05  # an external engine cannot notify this process
+
+
+def _not_found(model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{model}` does not exist on this server: name a base model it serves "
+                            "(GET /models) or a tinker://…/sampler_weights/… checkpoint path", "model")
+
+
+def resolve_weights(request: Request, model: str) -> str:
+    """The engine's weights id for `model`: "" for the base model (or an alias), the tinker:// path of a ready
+    sampler checkpoint (the engine loads it as create_sampling_session(model_path=…) does). Runs in a thread."""
+    settings = request.app.state.settings
+    if settings.serves(model):
+        return ""
+    if not model.startswith("tinker://"):
+        raise _not_found(model)
+    try:
+        path = TinkerPath.parse(model, "model")
+    except SkyrlTxError as exc:
+        raise from_skyrl(exc, "model") from None
+    if path.kind != CheckpointKind.SAMPLER_WEIGHTS.value:
+        raise OpenAIError(400, f"{model} is a {path.checkpoint_type} checkpoint; sample from sampler weights "
+                               "(tinker://…/sampler_weights/…, written by save_weights_for_sampler)", "model")
+    with request.app.state.session_factory() as db:
+        try:
+            record = ready_checkpoint(db, path, "model")
+        except SkyrlTxError:
+            raise _not_found(model) from None
+        if not settings.serves(ModelMeta.from_json(record.model_meta).base_model):
+            raise _not_found(model)
+    return str(path)
+
+
+def sampler_checkpoints(request: Request) -> list[tuple[str, str, float]]:
+    """(tinker path, base model, created unix time) of every ready sampler checkpoint. Runs in a thread."""
+    with request.app.state.session_factory() as db:
+        rows = db.execute(select(CheckpointRecord.tinker_path, CheckpointRecord.model_meta, CheckpointRecord.created_at)
+                          .where(CheckpointRecord.kind == CheckpointKind.SAMPLER_WEIGHTS.value,
+                                 CheckpointRecord.status == CheckpointStatus.READY.value)
+                          .order_by(CheckpointRecord.created_at)).all()
+    return [(path, ModelMeta.from_json(meta).base_model if meta else request.app.state.settings.base_model,
+             created.timestamp()) for path, meta, created in rows]
+
+
+def _submit_all(request: Request, jobs: list[tuple[str, dict[str, Any]]]) -> None:
+    with request.app.state.database.connect() as db:
+        for future_id, job in jobs:
+            submit_future(request, db, future_id=future_id, request_type="sample", body=job)
+
+
+def _load(request: Request, future_id: str) -> Any:
+    with request.app.state.database.connect() as db:
+        return db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
+
+
+async def sample(request: Request, spec: SamplingSpec, weights_id: str,
+                 prompts: list[list[int]], max_tokens: list[int]) -> list[dict[str, Any]]:
+    """The engine's sample results ({"sequences": [{tokens, logprobs, stop_reason}]}), one per prompt, each from
+    a `sample` future of num_samples = n (what asample stores). Waits on the engine's notification."""
+    if request.app.state.engine_failed:
+        raise OpenAIError(503, request.app.state.engine_failed)
+    waiters = request.app.state.waiters
+    jobs = []
+    for prompt, limit in zip(prompts, max_tokens):
+        job = {"weights_id": weights_id, "prompt_tokens": prompt, "num_samples": spec.n,
+               "sampling_params": {**spec.params, "max_tokens": limit},
+               "prompt_logprobs": False, "topk_prompt_logprobs": 0}
+        jobs.append((f"oai-{uuid.uuid4().hex}", job))
+    registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish
+    try:
+        await asyncio.to_thread(_submit_all, request, jobs)
+        return [await _wait(request, future_id, waiter) for future_id, waiter in registered]
+    finally:
+        for future_id, waiter in registered:
+            waiters.unregister(future_id, waiter)
+
+
+async def _wait(request: Request, future_id: str, waiter: Any) -> dict[str, Any]:
+    recheck = EXTERNAL_RECHECK_S if request.app.state.settings.engine == "external" else RECHECK_S
+    status, result, error = FutureStatus.PENDING.value, None, None
+    while status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+        try:
+            await asyncio.wait_for(waiter.event.wait(), timeout=recheck)
+        except TimeoutError:
+            pass
+        waiter.event.clear()
+        outcome = waiter.outcome
+        if outcome is None or outcome.result is RESULT_IN_DATABASE:  # a recheck: the database has the truth
+            outcome = await asyncio.to_thread(_load, request, future_id)
+        if outcome is not None:
+            status, result, error = outcome.status, outcome.result, outcome.error
+    if status == FutureStatus.FAILED.value:
+        raise from_future_error(error)
+    return result

@@ -1,0 +1,144 @@
+"""The OpenAI-compatible endpoint (/oai/api/v1, alias /v1): completions, chat completions and models, sampled by
+the same engine batch as Tinker's asample. Errors are OpenAI-shaped ({"error": {message, type, param, code}}).
+
+`stream: true` sends the finished result as server-sent-event chunks (one per generated token): the engine reports
+a sample when it is complete, so the chunks arrive together once the sequence has finished decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from skyrl_tx.api import openai_render as render
+from skyrl_tx.api.json_response import FiniteJSONResponse
+from skyrl_tx.api.openai_errors import OpenAIError, error_json, from_skyrl, invalid
+from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkpoints
+from skyrl_tx.api.openai_schemas import ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse, \
+    prompts_of
+from skyrl_tx.api.openai_text import ModelText
+from skyrl_tx.errors import SkyrlTxError
+
+PREFIXES = ("/oai/api/v1", "/v1")
+router = APIRouter()
+
+
+@cache
+def _model_text(model_dir: str) -> ModelText:
+    return ModelText(Path(model_dir))
+
+
+async def model_text(request: Request) -> ModelText:
+    """The base model's tokenizer and chat template (loaded on first use, in a thread: tokenizer.json is MBs)."""
+    try:
+        return await asyncio.to_thread(_model_text, str(request.app.state.model_dir))
+    except FileNotFoundError as exc:
+        raise OpenAIError(501, f"this server cannot turn text into tokens: {exc}; send token ids to /completions",
+                          None) from None
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"the request body is not valid JSON ({exc})") from None
+
+
+def _openai_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Every refusal of these routes in OpenAI's error shape (the app's own handlers write Tinker's)."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await route(request)
+        except OpenAIError as exc:
+            return error_json(exc)
+        except SkyrlTxError as exc:
+            return error_json(from_skyrl(exc))
+    return wrapped
+
+
+def _max_tokens(request: Request, asked: int | None, asked_name: str, prompt_length: int, prompt_name: str) -> int:
+    """max_tokens as asked, or (chat without a limit) what is left of the sampling length after the prompt."""
+    room = min(request.app.state.settings.backend.max_sampling_length, request.app.state.max_positions)
+    if prompt_length >= room:
+        raise invalid(f"the prompt has {prompt_length} tokens; this server samples at most {room} tokens of "
+                      "prompt + completion (max_sampling_length); shorten it", prompt_name)
+    if asked is not None and prompt_length + asked > room:
+        raise invalid(f"the prompt ({prompt_length} tokens) + {asked_name} ({asked}) exceeds the {room} tokens of "
+                      f"prompt + completion this server samples (max_sampling_length); lower {asked_name}",
+                      asked_name)
+    return room - prompt_length if asked is None else asked
+
+
+def _respond(spec: Any, chunks: Any, whole: Any) -> Response:
+    if spec.stream:
+        return StreamingResponse(render.sse(chunks), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return FiniteJSONResponse(whole)
+
+
+@_openai_errors
+async def completions(request: Request) -> Response:
+    body = parse(CompletionBody, await _body(request))
+    spec = completion_spec(body)
+    raw_prompts = prompts_of(body)
+    text = await model_text(request) if any(isinstance(p, str) for p in raw_prompts) else None
+    prompts: list[list[int]] = []
+    for p in raw_prompts:
+        tokens = text.encode(p) if isinstance(p, str) else list(p)
+        if not tokens:
+            raise invalid("a prompt must hold at least one token", "prompt")
+        prompts.append(tokens)
+    weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
+    text = text or await model_text(request)
+    for tokens in prompts:
+        text.check_tokens(tokens, "prompt")
+    limits = [_max_tokens(request, spec.params["max_tokens"], "max_tokens", len(p), "prompt") for p in prompts]
+    results = await sample(request, spec, weights_id, prompts, limits)
+    picked = render.choices(text, spec, results)
+    lengths = [len(p) for p in prompts]
+    return _respond(spec, render.completion_chunks(text, spec, body.model, picked, lengths),
+                    render.completion(text, spec, body.model, picked, lengths) if not spec.stream else None)
+
+
+@_openai_errors
+async def chat_completions(request: Request) -> Response:
+    body = parse(ChatBody, await _body(request))
+    spec = chat_spec(body)
+    messages = chat_messages(body)
+    text = await model_text(request)
+    rendered = text.render_chat(messages, body.add_generation_prompt, dict(body.chat_template_kwargs or {}))
+    prompt = text.encode_chat(rendered)
+    if not prompt:
+        raise invalid("the chat template rendered these messages as no tokens", "messages")
+    weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
+    limit = _max_tokens(request, spec.params["max_tokens"], spec.max_tokens_name, len(prompt), "messages")
+    (result,) = await sample(request, spec, weights_id, [prompt], [limit])
+    picked = render.choices(text, spec, [result])
+    return _respond(spec, render.chat_chunks(text, spec, body.model, picked, len(prompt)),
+                    render.chat_completion(text, spec, body.model, picked, len(prompt)) if not spec.stream else None)
+
+
+@_openai_errors
+async def models(request: Request) -> Response:
+    """The served base model (and its aliases), then every ready sampler checkpoint by its tinker:// path."""
+    settings = request.app.state.settings
+    created = int(time.time())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "skyrl_tx", "root": settings.base_model,
+             "parent": None} for name in (settings.base_model, *settings.model_aliases)]
+    for path, base, when in await asyncio.to_thread(sampler_checkpoints, request):
+        data.append({"id": path, "object": "model", "created": int(when), "owned_by": "skyrl_tx", "root": base,
+                     "parent": base})
+    return FiniteJSONResponse({"object": "list", "data": data})
+
+
+for _prefix in PREFIXES:
+    router.add_api_route(f"{_prefix}/completions", completions, methods=["POST"])
+    router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"])
+    router.add_api_route(f"{_prefix}/models", models, methods=["GET"])
