@@ -1,0 +1,206 @@
+"""The OpenAI-compatible endpoint through the real `openai` client against a live server: completions (text and
+token ids), chat completions (the tokenizer's chat template, as transformers renders it), n with seeds, stop strings
+and stop tokens, logprobs, streaming, /models, sampling a saved sampler checkpoint by its tinker:// path, OpenAI-shaped
+errors; greedy results equal the Tinker SDK's sample of the same prompt and weights, token for token."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tinker import types
+
+BASE_MODEL = "tiny-qwen3"
+PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name two animals."}]
+API_KEY = "tml-test"
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def base_sampler(service_client: Any) -> Any:
+    return service_client.create_sampling_client(base_model=BASE_MODEL).result()
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tiny_model_dir: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir(BASE_MODEL)))
+
+
+def tinker_greedy(sampler: Any, tokens: list[int], max_tokens: int) -> Any:
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
+    return sampler.sample(types.ModelInput.from_ints(tokens), 1, params).result().sequences[0]
+
+
+def without_eos(seq: Any, eos: set[int]) -> tuple[list[int], list[float]]:
+    """A Tinker sequence as OpenAI returns it: a final EOS is not part of the text (nor of the logprobs)."""
+    tokens, logprobs = list(seq.tokens), list(seq.logprobs)
+    if seq.stop_reason == "stop" and tokens and tokens[-1] in eos:
+        return tokens[:-1], logprobs[:-1]
+    return tokens, logprobs
+
+
+def eos_ids(hf_tokenizer: Any) -> set[int]:
+    return {hf_tokenizer.convert_tokens_to_ids("<|im_end|>"), hf_tokenizer.eos_token_id}
+
+
+def test_greedy_completion_of_token_ids_equals_tinker_sample(client: openai.OpenAI, base_sampler: Any,
+                                                             hf_tokenizer: Any) -> None:
+    ours = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0)
+    tokens, logprobs = without_eos(tinker_greedy(base_sampler, PROMPT, 12), eos_ids(hf_tokenizer))
+    (choice,) = ours.choices
+    assert choice.text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+    assert choice.logprobs.tokens == [hf_tokenizer.decode([t]) for t in tokens]
+    assert choice.logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-6)
+    assert choice.finish_reason in ("stop", "length")
+    assert ours.usage.prompt_tokens == len(PROMPT) and ours.usage.completion_tokens >= len(tokens)
+
+
+def test_text_prompt_is_tokenized_as_transformers_does(client: openai.OpenAI, base_sampler: Any,
+                                                       hf_tokenizer: Any) -> None:
+    text = "What is 12 + 30? The answer is"
+    ours = client.completions.create(model=BASE_MODEL, prompt=text, max_tokens=8, temperature=0)
+    prompt = hf_tokenizer(text)["input_ids"]
+    tokens, _ = without_eos(tinker_greedy(base_sampler, prompt, 8), eos_ids(hf_tokenizer))
+    assert ours.choices[0].text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+    assert ours.usage.prompt_tokens == len(prompt)
+
+
+def test_a_list_of_prompts_gives_n_choices_each_in_order(client: openai.OpenAI) -> None:
+    ours = client.completions.create(model=BASE_MODEL, prompt=[PROMPT, PROMPT[:4]], max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in ours.choices] == [0, 1, 2, 3]
+    texts = [c.text for c in ours.choices]
+    assert texts[0] == texts[1] and texts[2] == texts[3]  # greedy: the n choices of one prompt agree
+    assert ours.usage.prompt_tokens == len(PROMPT) + 4
+
+
+def test_greedy_chat_completion_equals_tinker_sample_of_the_chat_template(client: openai.OpenAI, base_sampler: Any,
+                                                                          hf_tokenizer: Any) -> None:
+    ours = client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=10, temperature=0,
+                                          logprobs=True)
+    prompt = list(hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"])
+    tokens, logprobs = without_eos(tinker_greedy(base_sampler, prompt, 10), eos_ids(hf_tokenizer))
+    (choice,) = ours.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+    assert [c.logprob for c in choice.logprobs.content] == pytest.approx(logprobs, abs=1e-6)
+    assert [bytes(c.bytes).decode("utf-8", "replace") for c in choice.logprobs.content] == \
+        [hf_tokenizer.decode([t]) for t in tokens]
+    assert ours.usage.prompt_tokens == len(prompt)
+
+
+def test_n_with_a_seed_is_reproducible(client: openai.OpenAI) -> None:
+    def run(seed: int) -> list[str]:
+        out = client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=8, temperature=1.0,
+                                             n=4, seed=seed)
+        assert [c.index for c in out.choices] == [0, 1, 2, 3]
+        return [c.message.content for c in out.choices]
+
+    first, again, other = run(7), run(7), run(8)
+    assert first == again
+    assert len(set(first)) > 1, "the 4 choices of one request are all identical"
+    assert first != other
+
+
+def test_stop_string_stops_and_is_left_out(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=16, temperature=0, logprobs=0,
+                                     stop=[]).choices[0]
+    pieces = full.logprobs.tokens
+    k = next(i for i in range(2, len(pieces)) if len(pieces[i].strip()) >= 2 and "\ufffd" not in pieces[i])
+    stop = pieces[k].strip()
+    expected = full.text[: full.text.find(stop)]
+    cut = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == expected and stop not in cut.choices[0].text
+    assert cut.usage.completion_tokens < 16  # it stopped, not ran to max_tokens
+
+
+def test_stop_token_stops_and_is_left_out(client: openai.OpenAI, base_sampler: Any, hf_tokenizer: Any) -> None:
+    tokens, _ = without_eos(tinker_greedy(base_sampler, PROMPT, 12), eos_ids(hf_tokenizer))
+    assert len(tokens) >= 4
+    stop_id = tokens[3]
+    first = tokens.index(stop_id)
+    ours = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                     stop=[stop_id])  # type: ignore[list-item]
+    assert ours.choices[0].finish_reason == "stop"
+    assert ours.choices[0].text == hf_tokenizer.decode(tokens[:first], skip_special_tokens=True)
+    assert ours.usage.completion_tokens == first + 1  # the stop token was generated (and counted), not returned
+
+
+def test_max_tokens_gives_length(client: openai.OpenAI) -> None:
+    ours = client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_completion_tokens=3,
+                                          temperature=1.0, seed=3, stop=["\x01never\x02"])
+    # a sampled EOS could end it first: only a sequence of 3 tokens is a "length" one
+    choice = ours.choices[0]
+    assert (choice.finish_reason == "length") == (ours.usage.completion_tokens == 3)
+    assert ours.usage.completion_tokens <= 3
+
+
+def test_streaming_yields_the_same_text_chunk_by_chunk(client: openai.OpenAI, server_url: str) -> None:
+    whole = client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=10, temperature=0)
+    chunks = list(client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) > 1 and "".join(content) == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    # the raw events: data: {...} lines, [DONE] last
+    with httpx.Client(base_url=server_url, timeout=120) as raw:
+        body = {"model": BASE_MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True}
+        lines = [line for line in raw.post("/oai/api/v1/completions", json=body).text.split("\n") if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    texts = [json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1]]
+    plain = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
+    assert "".join(texts) == plain.choices[0].text
+
+
+def test_models_and_sampling_a_saved_checkpoint_by_its_tinker_path(client: openai.OpenAI, service_client: Any,
+                                                                   hf_tokenizer: Any) -> None:
+    trainer = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(PROMPT[:-1]),
+                        loss_fn_inputs={"target_tokens": PROMPT[1:], "weights": [1.0] * (len(PROMPT) - 1)})
+    for _ in range(3):
+        trainer.forward_backward([datum], "cross_entropy")
+        trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    path = trainer.save_weights_for_sampler("oai-ckpt").result().path
+    assert path.startswith("tinker://") and "/sampler_weights/" in path
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == BASE_MODEL and path in ids
+    tuned = service_client.create_sampling_client(model_path=path).result()
+    tokens, logprobs = without_eos(tinker_greedy(tuned, PROMPT, 10), eos_ids(hf_tokenizer))
+    ours = client.completions.create(model=path, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=0)
+    assert ours.choices[0].text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+    assert ours.choices[0].logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-6)
+    assert ours.model == path
+
+
+def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, server_url: str) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+    assert missing.value.body["param"] == "model" and missing.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="tinker://nope:train:0/sampler_weights/x", prompt=PROMPT, max_tokens=2)
+    cases = [({"frequency_penalty": 0.5}, "frequency_penalty"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
+             ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"), ({"temperature": -1}, "temperature"),
+             ({"n": 0}, "n")]
+    for fields, param in cases:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=2, **fields)
+        error = refused.value.body
+        assert error["param"] == param and error["type"] == "invalid_request_error" and param in error["message"]
+    with pytest.raises(openai.BadRequestError) as top:
+        client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=2, logprobs=2)
+    assert top.value.body["param"] == "logprobs"
+    raw = httpx.post(f"{server_url}/oai/api/v1/completions", json={"model": BASE_MODEL, "prompt": PROMPT,
+                                                                  "echo": True}, timeout=60)
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "echo"
