@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skyrl_tx.api.auth import install_auth
 from skyrl_tx.api.errors import error_response, install_error_handlers
+from skyrl_tx.api.metrics import Metrics
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
 from skyrl_tx.api.routes import checkpoints, futures, sampling, service, training, training_runs
@@ -152,7 +153,8 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     checkpoints_base = settings.checkpoints_base or default_checkpoints_base()
     store = CheckpointStore(checkpoints_base, settings.checkpoints_storage_options)
     engine_settings = EngineSettings.for_server(settings, model_dir, database_url, checkpoints_base)
-    runner = start_engine(settings, engine_settings, waiters.notify_threadsafe)
+    metrics = Metrics(engine)  # per app (api/metrics.py); counts the database's errors
+    runner = start_engine(settings, engine_settings, metrics.engine_events(waiters.notify_threadsafe))
 
     async def watch_engine_start(app: FastAPI) -> None:
         """The server serves while the engine loads the base model and rebuilds the live models (requests wait
@@ -198,4 +200,5 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     for router in (service.router, training.router, sampling.router, futures.router, checkpoints.router,
                    training_runs.router, openai_compat.router):
         app.include_router(router)
+    metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     return app

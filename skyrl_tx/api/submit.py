@@ -46,6 +46,7 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
             raise ConflictError(f"{request_type}: request {future_id} was already submitted with a different body; "
                                 "use a new seq_id for a new request") from None
     request.app.state.wake_engine()
+    request.state.future_id = future_id  # named by the access-log line (api/request_ids.py)
     return future_id
 
 

@@ -41,13 +41,17 @@ class FutureOutcome(NamedTuple):
     """A finished future as retrieve_future renders it (OUTCOME's columns, plus its id). The engine hands it to
     the API with its notification, so the long-poll it wakes need not read back what the engine just stored.
     `result` is JSON-able, or bytes: a binary result body (the ForwardBackwardOutput protobuf), stored in
-    `result_body`; or RESULT_IN_DATABASE where a notification from another process left the bytes out."""
+    `result_body`; or RESULT_IN_DATABASE where a notification from another process left the bytes out.
+    `queue_s` (stored -> claimed by the engine) and `engine_s` (claimed -> done) are set by the engine for the
+    API's latency histograms (api/metrics.py); None where the outcome was read back from the database."""
 
     id: str
     status: str
     request_type: str
     result: Any
     error: dict[str, Any] | None
+    queue_s: float | None = None
+    engine_s: float | None = None
 
 
 class _InDatabase:
@@ -62,12 +66,15 @@ def outcome_to_json(o: FutureOutcome) -> list[Any]:
     """An outcome for a JSON message between processes: a binary result stays in the database (re-reading ~1 MB
     there is cheaper than encoding it as text and decoding it again)."""
     binary = isinstance(o.result, bytes)
-    return [o.id, o.status, o.request_type, None if binary else o.result, o.error, binary]
+    return [o.id, o.status, o.request_type, None if binary else o.result, o.error, binary, o.queue_s, o.engine_s]
 
 
 def outcome_from_json(fields: list[Any]) -> FutureOutcome:
-    id_, status, request_type, result, error, *binary = fields
-    return FutureOutcome(id_, status, request_type, RESULT_IN_DATABASE if binary and binary[0] else result, error)
+    id_, status, request_type, result, error, *rest = fields
+    binary = bool(rest and rest[0])
+    queue_s, engine_s = (rest[1], rest[2]) if len(rest) >= 3 else (None, None)
+    return FutureOutcome(id_, status, request_type, RESULT_IN_DATABASE if binary else result, error, queue_s,
+                         engine_s)
 
 
 def finish_params(outcomes: list[FutureOutcome], now: datetime) -> list[dict[str, Any]]:
@@ -102,6 +109,11 @@ MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=bindparam("status_"), result=bindparam("result_"), result_body=bindparam("result_body_"),
     error=bindparam("error_"), completed_at=bindparam("now"))
+# /metrics' queue depth (api/metrics.py, at scrape time, not per request): unfinished futures by type and status,
+# read through ix_futures_status_created_at.
+QUEUE_DEPTH = select(FUTURES.c.request_type, FUTURES.c.status, func.count()).where(
+    FUTURES.c.status.in_((FutureStatus.PENDING.value, FutureStatus.RUNNING.value))).group_by(
+    FUTURES.c.request_type, FUTURES.c.status)
 # Why a queued request waits (retrieve_future's try_again): its model and seq_id, and the highest seq_id stored below.
 MODEL_SEQ = select(FUTURES.c.model_id, FUTURES.c.seq_id).where(FUTURES.c.id == bindparam("id_"))
 HIGHEST_SEQ_BELOW = select(func.max(FUTURES.c.seq_id)).where(

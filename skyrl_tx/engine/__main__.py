@@ -12,8 +12,7 @@ import logging
 import sys
 import threading
 
-from skyrl_tx.db.future_queries import FutureOutcome
-from skyrl_tx.engine.process import done_line
+from skyrl_tx.engine.process import PipeEvents
 from skyrl_tx.engine.settings import EngineSettings
 
 
@@ -52,10 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             wake.set()
 
         threading.Thread(target=read_wakeups, name="skyrl-tx-engine-wakeups", daemon=True).start()
-    def report(outcomes: list[FutureOutcome]) -> None:
-        if stdio:  # standalone, nobody listens: skip encoding the results
-            emit(done_line(outcomes))
-
+    # standalone, nobody listens: skip encoding the results and the stats
+    report = PipeEvents(emit) if stdio else (lambda outcomes: None)
     settings.run(stop, wake, notify=report, on_ready=lambda: emit("ready"))
     return 0
 

@@ -21,6 +21,7 @@ from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelSt
 from skyrl_tx.engine import executor, recovery_state, replay, snapshots
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.seq_order import SeqOrder
+from skyrl_tx.engine.stats import EngineStats
 from skyrl_tx.errors import ConflictError, ErrorCode, NotFoundError, SkyrlTxError, UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -64,6 +65,7 @@ class EngineLoop:
         self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
         self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
         self.arrived: Callable[[], bool] = lambda: False  # whether a request arrived since the last scan (run_engine)
+        self.stats = EngineStats.attach(self)  # for /metrics (engine/stats.py)
 
     def expire_sessions(self) -> list[str]:
         """Sessions silent past the timeout end like finished ones: each live model gets an unload request
@@ -410,6 +412,7 @@ class EngineLoop:
         now = datetime.now(timezone.utc)
         with self.database.begin() as db:
             db.execute(future_queries.MARK_RUNNING, [{"id_": f.id, "now": now} for f in futures])
+        self.stats.started(futures, now)
 
     def _finish(self, f: FutureRow, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         self._finish_many([(f, result, error)])
@@ -422,7 +425,7 @@ class EngineLoop:
             if f.model_id and f.seq_id is not None:
                 self.order.finished(f.model_id, f.seq_id)
             status = (FutureStatus.FAILED if error else FutureStatus.COMPLETED).value
-            outcomes.append(FutureOutcome(f.id, status, f.request_type, result, error))
+            outcomes.append(FutureOutcome(f.id, status, f.request_type, result, error, *self.stats.timings(f, now)))
         with self.database.begin() as db:
             db.execute(future_queries.FINISH, future_queries.finish_params(outcomes, now))
         self.notify(outcomes)

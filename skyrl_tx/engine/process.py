@@ -5,7 +5,8 @@ its settings JSON (engine/settings.py: the database URL with its password, stora
 on the child's command line, which every user of the machine can read (`ps`, /proc/PID/cmdline); then the server
 writes a line to wake it after storing a request; the engine writes `ready` once it has recovered, and
 `done <JSON list of FutureOutcome>` whenever futures finish (what it just stored, so the woken long-polls
-answer without reading it back). The engine exits when its stdin closes (server gone).
+answer without reading it back), and `stats <JSON object>` about once a second (engine/stats.py: slots, KV-cache
+rows, snapshots, tokens; /metrics shows them). The engine exits when its stdin closes (server gone).
 Pending requests live in the database, so a restarted engine simply picks them up (engine/replay.py
 rebuilds the models).
 """
@@ -20,6 +21,9 @@ import sys
 import threading
 import time
 
+from collections.abc import Callable
+from typing import Any
+
 from skyrl_tx.db.future_queries import FutureOutcome, Notify, outcome_from_json, outcome_to_json
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -30,6 +34,7 @@ STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
 # engine has not recovered yet (tests/api/test_restart_serves_at_once.py). Unset in production.
 START_GATE_ENV = "SKYRL_TX_TEST_ENGINE_START_GATE"
 DONE = "done "
+STATS = "stats "
 
 
 def done_line(outcomes: list[FutureOutcome]) -> str:
@@ -41,8 +46,23 @@ def parse_done_line(line: str) -> list[FutureOutcome]:
     return [outcome_from_json(fields) for fields in json.loads(line[len(DONE):])]
 
 
+class PipeEvents:
+    """The engine child's side of the protocol: a Notify that writes `done` lines, and the `report_stats` sink
+    that EngineStats finds on it (engine/stats.py) for `stats` lines. Both are called on the engine thread."""
+
+    def __init__(self, write_line: Callable[[str], None]) -> None:
+        self._write_line = write_line
+
+    def __call__(self, outcomes: list[FutureOutcome]) -> None:
+        self._write_line(done_line(outcomes))
+
+    def report_stats(self, stats: dict[str, Any]) -> None:
+        self._write_line(STATS + json.dumps(stats))
+
+
 class EngineProcess:
-    """Same face as EngineRunner: start(), wake(), stop(), ready, failed, pid."""
+    """Same face as EngineRunner: start(), wake(), stop(), ready, failed, pid. `on_finished` may also have a
+    `report_stats(dict)` method: it gets the engine's `stats` lines (api/metrics.py)."""
 
     def __init__(self, settings_json: str, on_finished: Notify = lambda outcomes: None):
         self._argv = [sys.executable, "-m", "skyrl_tx.engine", "--stdio"]  # settings go through stdin, never here
@@ -138,3 +158,10 @@ class EngineProcess:
                     log.exception("engine process: unreadable report %.200s", line)
                     continue
                 self._on_finished(outcomes)
+            elif line.startswith(STATS):
+                report_stats = getattr(self._on_finished, "report_stats", None)
+                if report_stats is not None:
+                    try:
+                        report_stats(json.loads(line[len(STATS):]))
+                    except ValueError:
+                        log.warning("engine process: unreadable stats %.200s", line)

@@ -16,6 +16,7 @@ from skyrl_tx.db.future_queries import Notify
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine import retention
 from skyrl_tx.engine.loop import EngineLoop
+from skyrl_tx.engine.stats import CountingBackend
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -25,6 +26,7 @@ SWEEP_EVERY_S = 5.0  # how often silent sessions and expired checkpoints are loo
 
 def build_loop(backend: Any, sessions: sessionmaker[Session], store: CheckpointStore, model_dir: Path,
                notify: Notify, session_timeout_s: float) -> EngineLoop:
+    backend = CountingBackend(backend)  # slots, snapshots, tokens for /metrics (engine/stats.py)
     checkpointer = Checkpointer(backend, store, sessions, model_dir)
     return EngineLoop(backend, sessions, checkpointer, notify=notify, session_timeout_s=session_timeout_s)
 
@@ -49,6 +51,7 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
                 loop.expire_sessions()
                 retention.maybe_sweep(loop)  # finished futures past futures_retention_hours, in bounded batches
             worked = loop.step(scan_pending=scan)
+            loop.stats.maybe_report()
         except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
             log.exception("engine step failed; continuing")
             worked = False

@@ -1,0 +1,122 @@
+"""GET /metrics through a live server: it parses as Prometheus text, and what the tinker SDK sends moves its counters
+and histograms by exactly that (requests by type and outcome, queue / engine / total latency, HTTP requests by route,
+tokens trained and sampled); the engine's gauges (adapter slots) follow a created model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tinker import types
+
+BASE_MODEL = "tiny-qwen3"
+MAX_ADAPTERS = 6
+WAIT_S = 30.0  # bound on how long a value the test expects may take to show (the engine reports once a second)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture(scope="module")
+def server_options() -> dict[str, Any]:
+    return {"backend_config": {"max_lora_adapters": MAX_ADAPTERS}}
+
+
+def scrape(url: str, path: str = "/metrics") -> Samples:
+    response = httpx.get(url + path, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum over the samples of `name` whose labels include `labels` (0 if none)."""
+    wanted = set(labels.items())
+    return sum(v for (n, got), v in samples.items() if n == name and wanted <= got)
+
+
+def wait_for(url: str, done: Callable[[Samples], bool]) -> Samples:
+    """Scrapes until `done` holds (the engine's notification or stats report may land just after the SDK's answer)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        samples = scrape(url)
+        if done(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.2)
+
+
+def datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+def test_metrics_parse_and_name_the_families(tinker_env: str) -> None:
+    samples = scrape(tinker_env)
+    assert "skyrl_tx_queue_depth" in {name for name, _ in scrape(tinker_env, "/api/v1/metrics")}
+    names = {name for name, _ in samples}
+    for expected in ("skyrl_tx_queue_depth", "skyrl_tx_engine_restarts_total", "skyrl_tx_engine_ready",
+                     "skyrl_tx_database_errors_total"):
+        assert expected in names, sorted(names)
+    assert value(samples, "skyrl_tx_engine_ready") == 1
+    assert value(samples, "skyrl_tx_engine_restarts_total") == 0
+    assert value(samples, "skyrl_tx_database_errors_total", process="api") == 0
+    assert value(samples, "skyrl_tx_queue_depth", type="forward_backward", state="pending") == 0
+    # the engine's report arrives within about a second of start-up: slots and KV rows are known
+    samples = wait_for(tinker_env, lambda s: value(s, "skyrl_tx_adapter_slots", state="free") > 0)
+    assert value(samples, "skyrl_tx_adapter_slots", state="used") + value(
+        samples, "skyrl_tx_adapter_slots", state="free") == MAX_ADAPTERS
+    assert value(samples, "skyrl_tx_kv_cache_rows", state="free") > 0
+
+
+def test_counters_move_by_exactly_the_requests_sent(tinker_env: str, service_client: Any) -> None:
+    url = tinker_env
+    before = wait_for(url, lambda s: value(s, "skyrl_tx_adapter_slots", state="free") > 0)
+    used_before = value(before, "skyrl_tx_adapter_slots", state="used")
+
+    training = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=3).result()
+    batch = [datum([5, 17, 300, 42, 7, 99, 1000]), datum([11, 12, 13, 14])]
+    for _ in range(3):
+        training.forward_backward(batch, "cross_entropy").result()
+    for _ in range(2):
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    sampled = sampler.sample(types.ModelInput.from_ints([5, 17, 300]), num_samples=2,
+                             sampling_params=types.SamplingParams(max_tokens=6, seed=1)).result()
+
+    sent = {"create_model": 1, "forward_backward": 3, "optim_step": 2, "sample": 1}
+    trained_tokens = 3 * sum(d.model_input.length for d in batch)
+    sampled_tokens = sum(len(s.tokens) for s in sampled.sequences)
+
+    def delta(samples: Samples, name: str, **labels: str) -> float:
+        return value(samples, name, **labels) - value(before, name, **labels)
+
+    def arrived(s: Samples) -> bool:
+        return (all(delta(s, "skyrl_tx_requests_total", type=t, outcome="ok") >= n for t, n in sent.items())
+                and delta(s, "skyrl_tx_tokens_sampled_total") >= sampled_tokens
+                and value(s, "skyrl_tx_adapter_slots", state="used") > used_before)
+
+    after = wait_for(url, arrived)
+    for request_type, n in sent.items():
+        assert delta(after, "skyrl_tx_requests_total", type=request_type, outcome="ok") == n, request_type
+        for outcome in ("user_error", "server_error"):
+            assert delta(after, "skyrl_tx_requests_total", type=request_type, outcome=outcome) == 0
+        for phase in ("queue", "engine", "total"):
+            assert delta(after, "skyrl_tx_request_latency_seconds_count", type=request_type, phase=phase) == n
+        assert delta(after, "skyrl_tx_request_latency_seconds_sum", type=request_type, phase="total") >= delta(
+            after, "skyrl_tx_request_latency_seconds_sum", type=request_type, phase="engine")
+    routes = {"/api/v1/forward_backward": 3, "/api/v1/optim_step": 2, "/api/v1/asample": 1}
+    for route, n in routes.items():
+        assert delta(after, "skyrl_tx_http_requests_total", method="POST", route=route, status="200") == n, route
+        assert delta(after, "skyrl_tx_http_request_duration_seconds_count", method="POST", route=route) == n
+    assert delta(after, "skyrl_tx_tokens_trained_total") == trained_tokens
+    assert delta(after, "skyrl_tx_tokens_sampled_total") == sampled_tokens
+    assert value(after, "skyrl_tx_adapter_slots", state="used") == used_before + 1
+    assert value(after, "skyrl_tx_adapter_slots", state="free") == MAX_ADAPTERS - used_before - 1
+    assert value(after, "skyrl_tx_queue_depth", type="forward_backward", state="pending") == 0
+    assert delta(after, "skyrl_tx_database_errors_total", process="api") == 0
+    assert delta(after, "skyrl_tx_database_errors_total", process="engine") == 0
+
