@@ -56,7 +56,10 @@ _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "store": (None, False), "service_tier": (None, "auto", "default"), "metadata": (None, {}),
     "functions": (None, []), "function_call": (None, "none"),
 }
-_FREE_FIELDS = {"user"}  # no effect on sampling: accepted with any value
+_FREE_FIELDS = {"user"}
+_SHAPES = {"stop": "a string, a list of strings, or a list of token ids",
+           "prompt": "a string, a list of strings, a list of token ids, or a list of token id lists",
+           "messages": "a list of message objects ({\"role\": ..., \"content\": ...})"}  # no effect on sampling: accepted with any value
 
 
 @dataclass
@@ -82,6 +85,8 @@ def parse(kind: type[BaseModel], raw: Any) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first.get("loc") else None
+        if name in _SHAPES:
+            raise invalid(f"{name} must be {_SHAPES[name]}", name) from None
         raise invalid(f"{name or 'body'}: {first.get('msg')}", name) from None
     for name, value in (body.model_extra or {}).items():
         if name in _FREE_FIELDS:

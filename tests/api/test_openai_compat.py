@@ -6,6 +6,7 @@ errors; greedy results equal the Tinker SDK's sample of the same prompt and weig
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,14 @@ BASE_MODEL = "tiny-qwen3"
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name two animals."}]
 API_KEY = "tml-test"
+
+
+@pytest.fixture(scope="module")
+def server_options(tiny_model_dir: Any) -> dict[str, Any]:
+    """The preset is generated here first (that needs torch), so the server process only loads it (as a server
+    of a cached or local model does): test_the_api_process_tokenizes_without_torch checks that process."""
+    tiny_model_dir(BASE_MODEL)
+    return {}
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +213,15 @@ def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, se
     raw = httpx.post(f"{server_url}/oai/api/v1/completions", json={"model": BASE_MODEL, "prompt": PROMPT,
                                                                   "echo": True}, timeout=60)
     assert raw.status_code == 400 and raw.json()["error"]["param"] == "echo"
+
+
+def test_the_api_process_tokenizes_without_torch(client: openai.OpenAI, server_url: Any) -> None:
+    """Text in and out (tokenizer, chat template) runs in the API process, which never maps libtorch (the engine
+    child does): checked on the live server's own memory map after a chat completion."""
+    maps = Path(f"/proc/{server_url.process.pid}/maps")
+    if not maps.is_file():
+        pytest.skip("needs Linux /proc")
+    client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=2, logprobs=True)
+    mapped = maps.read_text()
+    assert "tokenizers" in mapped  # the check can fail: the Rust tokenizer is loaded there
+    assert "libtorch" not in mapped and "skyrl_tx/_C" not in mapped
