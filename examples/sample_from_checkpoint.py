@@ -15,6 +15,7 @@ directory, by default the one SamplingClient.get_tokenizer() finds for the base 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -34,6 +35,17 @@ def prompt_tokens(tokenizer, english: str) -> list[int]:
     return tokenizer.encode(f"English: {english}\nPig Latin:", add_special_tokens=True)
 
 
+@contextlib.contextmanager
+def service_session():
+    """A ServiceClient whose SDK session ends with the block (newer SDKs' ServiceClient is a context manager
+    itself; tinker 0.25, which other servers pin, is not)."""
+    if not hasattr(tinker.ServiceClient, "__enter__"):  # tinker 0.25: the session ends with the process
+        yield tinker.ServiceClient()
+        return
+    with tinker.ServiceClient() as service_client:
+        yield service_client
+
+
 def greedy_completions(sampling_client, tokenizer) -> dict[str, str]:
     futures = {en: sampling_client.sample(types.ModelInput.from_ints(prompt_tokens(tokenizer, en)), 1, PARAMS)
                for en, _ in PAIRS}
@@ -42,8 +54,8 @@ def greedy_completions(sampling_client, tokenizer) -> dict[str, str]:
 
 def sample_only(model_path: str, tokenizer_name: str | None) -> None:
     """The second process: nothing but the checkpoint path (and where its tokenizer lives)."""
-    with tinker.ServiceClient() as service_client:
-        sampling_client = service_client.create_sampling_client(model_path=model_path).result()
+    with service_session() as service_client:
+        sampling_client = service_client.create_sampling_client(model_path=model_path)
         if tokenizer_name:
             from transformers import AutoTokenizer
 
@@ -54,8 +66,8 @@ def sample_only(model_path: str, tokenizer_name: str | None) -> None:
 
 
 def train_save_and_resample() -> None:
-    with tinker.ServiceClient() as service_client:
-        training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+    with service_session() as service_client:
+        training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0)
         tokenizer = training_client.get_tokenizer()
         data = []
         for english, pig_latin in PAIRS:
@@ -72,9 +84,9 @@ def train_save_and_resample() -> None:
 
         model_path = training_client.save_weights_for_sampler(name="pig-latin-final").result().path
         print(f"saved sampler checkpoint: {model_path}", flush=True)
-        here = greedy_completions(training_client.create_sampling_client(model_path).result(), tokenizer)
+        here = greedy_completions(training_client.create_sampling_client(model_path), tokenizer)
         print(f"this process:  {json.dumps(here)}", flush=True)
-        base = greedy_completions(service_client.create_sampling_client(base_model=BASE_MODEL).result(), tokenizer)
+        base = greedy_completions(service_client.create_sampling_client(base_model=BASE_MODEL), tokenizer)
         print(f"base model:    {json.dumps(base)}", flush=True)
 
         # A brand-new process (and SDK session) that knows only the path.

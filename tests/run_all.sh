@@ -40,6 +40,10 @@ step "build + install skyrl_tx (editable, GoogleTests on)"
 # tinker-cookbook without its dependencies: it pins tml-renderers>=0.4.1, which PyPI does not have; what
 # the recipes import comes with the `test` extra (see pyproject.toml).
 "$PY" -m pip install -q --no-deps "tinker-cookbook==0.6.1"
+# tinker 0.25.0 (the SDK version other open servers pin) beside the installed one, outside the checkout: the
+# compatibility tests run the quickstart and the sampling example with it first on PYTHONPATH (tests/support/older_sdk.py).
+export SKYRL_TX_OLD_SDK_DIR=${SKYRL_TX_OLD_SDK_DIR:-$HOME/.cache/skyrl_tx-sdk/tinker-0.25.0}
+[ -d "$SKYRL_TX_OLD_SDK_DIR/tinker" ] || "$PY" -m pip install -q --no-deps --target "$SKYRL_TX_OLD_SDK_DIR" "tinker==0.25.0"
 WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CUDA))")
 echo "CUDA path compiled: $WITH_CUDA"
 

@@ -8,14 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from older_sdk import older_sdk_env
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 API_KEY = "tml-test"
 
 
-def test_pig_latin_quickstart_trains_and_samples(server_url: str, preset_cache: Path) -> None:
+@pytest.mark.parametrize("sdk", ["installed", "0.25.0"])
+def test_pig_latin_quickstart_trains_and_samples(server_url: str, preset_cache: Path, sdk: str) -> None:
+    """With the installed SDK and with tinker 0.25.0 (tests/support/older_sdk.py), unmodified."""
     env = {**os.environ, "TINKER_BASE_URL": server_url, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0",
            "STEPS": str(STEPS), "LEARNING_RATE": "5e-3", "SKYRL_TX_CACHE_DIR": str(preset_cache)}
+    if sdk != "installed":
+        env = older_sdk_env(env)
     result = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart_pig_latin.py")], env=env,
                             capture_output=True, text=True, timeout=240, cwd=REPO)
     output = f"stdout:\n{result.stdout}\nstderr (tail):\n{result.stderr[-4000:]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from older_sdk import older_sdk_env
 
 
 def test_rl_toy_reward_improves_and_sampler_matches_trainer(run_example) -> None:
@@ -34,6 +35,13 @@ def test_sample_from_checkpoint_in_a_new_process(run_example) -> None:
     assert "checkpoint differs from the base model: True" in out, out
     losses = [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", out, re.M)]
     assert losses and losses[-1] < 0.5 * losses[0], out
+
+
+def test_sample_from_checkpoint_with_tinker_0_25(run_example, client_env) -> None:
+    """The same script with tinker 0.25.0, the SDK other open servers pin (tests/support/older_sdk.py)."""
+    out = run_example("sample_from_checkpoint.py", STEPS="10", **older_sdk_env(client_env))
+    assert re.search(r"^saved sampler checkpoint: tinker://[^/\s]+/sampler_weights/pig-latin-final$", out, re.M), out
+    assert "same completions in both processes: True" in out, out
 
 
 @pytest.mark.cookbook_full
