@@ -225,3 +225,24 @@ def test_the_api_process_tokenizes_without_torch(client: openai.OpenAI, server_u
     mapped = maps.read_text()
     assert "tokenizers" in mapped  # the check can fail: the Rust tokenizer is loaded there
     assert "libtorch" not in mapped and "skyrl_tx/_C" not in mapped
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3"])
+def test_chat_template_and_prompts_tokenize_as_transformers(tiny_model_dir: Any, preset: str) -> None:
+    """The API's own rendering (jinja2, no transformers) gives transformers' prompt tokens, BOS handling included."""
+    from transformers import AutoTokenizer
+
+    from skyrl_tx.api.openai_text import ModelText
+
+    model_dir = tiny_model_dir(preset)
+    ours, hf = ModelText(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
+    for generation_prompt in (True, False):
+        rendered = ours.render_chat(MESSAGES, generation_prompt, {})
+        assert rendered == hf.apply_chat_template(MESSAGES, add_generation_prompt=generation_prompt, tokenize=False)
+        expected = hf.apply_chat_template(MESSAGES, add_generation_prompt=generation_prompt, tokenize=True,
+                                          return_dict=True)["input_ids"]
+        assert ours.encode_chat(rendered) == list(expected)
+    text = "What is 12 + 30? The answer is"
+    assert ours.encode(text) == hf(text)["input_ids"]
+    tokens = hf(text + " 42.")["input_ids"]
+    assert ours.decode(tokens) == hf.decode(tokens, skip_special_tokens=True)
