@@ -1,4 +1,4 @@
-"""`skyrl-tx` command line: serve a base model, generate tiny presets. Settings are built once, here."""
+"""`skyrl-tx` command line: serve a base model, API keys, migrations, tiny presets. Settings are built once, here."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-config", default=None,
                         help=f"JSON object; keys: {', '.join(BackendSettings.valid_keys())}")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--auth", choices=("keys", "none"), default=None,
+                        help="keys: every request needs an API key (`skyrl-tx keys create`) and each key sees only "
+                             "its own sessions, models and checkpoints; none: no key is checked (default, allowed "
+                             "only when --host is a loopback address)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--public-url", default=None, metavar="URL",
                         help="the base URL clients reach this server at (e.g. behind a proxy); signed checkpoint "
@@ -100,7 +104,8 @@ def server_settings(args: argparse.Namespace):
                           session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
                           checkpoints_storage_options=_json_object(storage_options, "--checkpoints-storage-options"),
                           engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None),
-                          url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV))
+                          url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV),
+                          auth=getattr(args, "auth", None) or "none")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -111,6 +116,7 @@ def serve(args: argparse.Namespace) -> int:
     from skyrl_tx.models.hf_config import load_decoder_config
 
     settings = server_settings(args)
+    settings.validate()  # before loading anything: e.g. a non-loopback --host without --auth keys stops here
     model_dir = resolve_model_path(args.base_model)
     app = create_app(settings, model_dir, load_decoder_config(model_dir).architecture)
     log.info("listening on http://%s:%d", args.host, args.port)
@@ -207,6 +213,62 @@ def db_command(args: argparse.Namespace) -> int:
     return 2
 
 
+# --- skyrl-tx keys: API keys (skyrl_tx.keys) ---------------------------------------------------------------
+
+
+def _quota(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    """Runs one `keys` subcommand on the server's database (same defaults as `serve`)."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema is brought up to date quietly
+    from skyrl_tx import keys
+
+    url = secret_option(args, "database_url", DATABASE_URL_ENV) or database_url_from(args)
+    if args.keys_command == "create":
+        key, info = keys.create_key(url, args.name, admin=args.admin, max_live_models=args.max_live_models,
+                                    max_inflight_requests=args.max_inflight_requests)
+        print(key)  # alone on stdout, for scripts: KEY=$(skyrl-tx keys create --name ...)
+        log.info("created API key %r (id %s%s): it is shown only this once and stored hashed; give it to its user "
+                 "as TINKER_API_KEY (the server must run with --auth keys on this database: %s)", info.name, info.id,
+                 ", admin" if info.admin else "", _shown(url))
+    elif args.keys_command == "list":
+        rows = [("ID", "NAME", "PREFIX", "ADMIN", "MAX_MODELS", "MAX_INFLIGHT", "CREATED", "REVOKED")]
+        for k in keys.list_keys(url):
+            rows.append((k.id, k.name, k.key_prefix + "...", "yes" if k.admin else "no", _quota(k.max_live_models),
+                         _quota(k.max_inflight_requests), k.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                         k.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if k.revoked_at else "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    elif args.keys_command == "revoke":
+        info = keys.revoke_key(url, args.key)
+        log.info("revoked API key %r (id %s): its next request gets 401 (within a second); its sessions stop "
+                 "heartbeating, so their models unload after the server's --session-timeout", info.name, info.id)
+    return 0
+
+
+def add_keys_parser(sub: argparse._SubParsersAction) -> None:
+    keys_parser = sub.add_parser("keys", help="API keys of a server started with --auth keys")
+    keys_sub = keys_parser.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="make a key; prints it once (it is stored hashed)")
+    create.add_argument("--name", required=True, help="unique name of the key (its user)")
+    create.add_argument("--max-live-models", type=int, default=None, metavar="N",
+                        help="at most N models (training clients) live at once; more get 429 (default: no limit)")
+    create.add_argument("--max-inflight-requests", type=int, default=None, metavar="N",
+                        help="at most N requests queued or running at once; more get 429 (default: no limit)")
+    create.add_argument("--admin", action="store_true", help="the key sees and acts on every key's objects")
+    keys_sub.add_parser("list", help="list the keys (never the keys themselves)")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key: its next request gets 401")
+    revoke.add_argument("key", metavar="NAME_OR_ID")
+    for p in keys_sub.choices.values():
+        p.add_argument("--database-url", default=None, help=f"the server's database (default ${DATABASE_URL_ENV}, "
+                       "else sqlite in $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx, as for `serve`)")
+        p.add_argument("--database-url-file", default=None, metavar="PATH", help="a file holding --database-url")
+        p.set_defaults(func=keys_command)
+
+
 def add_db_parser(sub: argparse._SubParsersAction) -> None:
     db_parser = sub.add_parser("db", help="database schema migrations (Alembic)")
     db_sub = db_parser.add_subparsers(dest="db_command", required=True)
@@ -246,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge_parser.add_argument("--out", required=True, help="output directory (must not exist)")
     merge_parser.set_defaults(func=export_merged)
     add_db_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import urllib.parse
 from dataclasses import dataclass
@@ -123,6 +124,9 @@ class ServerSettings:
     public_url: str | None = None
     # Signs checkpoint download URLs (api/url_signing.py). None: a random secret kept in the data directory (0600).
     url_signing_secret: str | None = dataclasses.field(default=None, repr=False)
+    # keys: every route but healthz and the docs needs an API key (`skyrl-tx keys create`), and each key sees only
+    # what it made (api/auth.py); none: no key is checked and everything has one owner (loopback only).
+    auth: str = "none"
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases
@@ -136,8 +140,29 @@ class ServerSettings:
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def validate(self) -> None:
+        if self.auth not in AUTH_MODES:
+            raise InvalidArgumentError(f"--auth: must be one of {', '.join(AUTH_MODES)} (got {self.auth!r})")
+        if self.auth == "none" and not is_loopback(self.host):
+            raise InvalidArgumentError(
+                f"--host {self.host} is reachable from other machines, so this server needs API keys: create one "
+                "with `skyrl-tx keys create --name NAME` (on the same database as the server: same --database-url "
+                "or $SKYRL_TX_DATA_DIR), give it to the client as TINKER_API_KEY, and start the server with "
+                "--auth keys")
         if self.public_url is not None:
             parsed = urllib.parse.urlsplit(self.public_url)
             if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.query or parsed.fragment:
                 raise InvalidArgumentError(f"--public-url: must be an http(s) base URL such as "
                                            f"https://tinker.example.com (got {self.public_url!r})")
+
+
+AUTH_MODES = ("keys", "none")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (127.0.0.0/8, ::1, localhost); a wildcard address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False

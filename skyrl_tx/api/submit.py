@@ -14,6 +14,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.body_ids import forward_backward_ids
+from skyrl_tx.api.ownership import require_owned_model
+from skyrl_tx.api.principal import caller_of
 from skyrl_tx.api.validation import SEQ_ID_MAX
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
@@ -100,7 +102,7 @@ def record_invalid_body(request: Request, body: Any, error: SkyrlTxError) -> Non
         return
     with request.app.state.database.connect() as db:
         try:
-            require_model(db, model_id)
+            require_owned_model(db, model_id, caller_of(request))  # never another key's sequence
         except NotFoundError:
             return
         record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type=request_type, error=error)
@@ -116,7 +118,7 @@ def record_unusable_body(request: Request, body: bytes, encoding: str | None, er
     model_id, seq_id = ids
     with request.app.state.database.connect() as db:
         try:
-            require_model(db, model_id)
+            require_owned_model(db, model_id, caller_of(request))  # never another key's sequence
         except NotFoundError:
             return
         record_rejected(request, db, model_id=model_id, seq_id=seq_id, request_type="forward_backward", error=error)

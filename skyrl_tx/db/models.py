@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
     ForeignKey,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
 )
+from sqlalchemy import false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -139,12 +141,32 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class ApiKeyRecord(Base):
+    """An API key (`skyrl-tx keys create`): only the sha256 of the key is stored, never the key itself. Keys are
+    revoked, never deleted, so the objects they own keep a valid owner id."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)  # the owner id of what the key creates
+    name: Mapped[str] = mapped_column(String, unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the whole key
+    key_prefix: Mapped[str] = mapped_column(String)  # its first characters, to recognise it in `keys list`
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)  # sees and acts on every key's objects
+    max_live_models: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: no quota
+    max_inflight_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class SessionRecord(Base):
-    """A client session (one `tinker.ServiceClient`); kept alive by heartbeats."""
+    """A client session (one `tinker.ServiceClient`); kept alive by heartbeats. Its owner owns everything made in
+    it: models (and their futures and checkpoints) and sampling sessions (api/ownership.py)."""
 
     __tablename__ = "sessions"
 
     id: Mapped[str] = mapped_column(String, primary_key=True)
+    # The API key that created it (api_keys.id); None: made with --auth none (the one implicit owner).
+    owner_key_id: Mapped[str | None] = mapped_column(String, nullable=True, index=True)
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     sdk_version: Mapped[str | None] = mapped_column(String, nullable=True)
@@ -160,6 +182,8 @@ class ModelRecord(Base):
 
     id: Mapped[str] = mapped_column(String, primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # Its session's owner, copied so that the hot routes check ownership in the statement that reads the status.
+    owner_key_id: Mapped[str | None] = mapped_column(String, nullable=True, index=True)
     base_model: Mapped[str] = mapped_column(String)
     lora_rank: Mapped[int] = mapped_column(Integer)
     # {"rank", "seed", "train_attn", "train_mlp", "train_unembed", "alpha"}
@@ -221,6 +245,8 @@ class CheckpointRecord(Base):
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
     # skyrl_tx.checkpoints.formats.ModelMeta as JSON: what loading it needs, without reading the store
     model_meta: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
+    # Published: every key may read it (load, sample, download); only its model's owner may change it.
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class SamplingSessionRecord(Base):

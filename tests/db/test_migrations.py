@@ -18,7 +18,8 @@ from skyrl_tx.db import migrate
 from skyrl_tx.db.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"sessions", "models", "futures", "checkpoints", "sampling_sessions", "recovery_snapshots"}
+TABLES = {"sessions", "models", "futures", "checkpoints", "sampling_sessions", "recovery_snapshots",
+          "api_keys"}
 
 
 def table_names(url: str) -> set[str]:

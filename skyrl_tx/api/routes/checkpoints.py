@@ -9,13 +9,15 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
-from skyrl_tx.api.submit import consumes_seq_id, require_model, submit_future
+from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_session, readable_checkpoint,
+                                    require_owned_model)
+from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.submit import consumes_seq_id, submit_future
 from skyrl_tx.api.validation import check_json_finite, check_model_seq_id, check_seq_id
-from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
-from skyrl_tx.db.models import CheckpointRecord, ModelRecord, SessionRecord
-from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+from skyrl_tx.db.models import CheckpointRecord, ModelRecord
+from skyrl_tx.errors import InvalidArgumentError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -56,9 +58,11 @@ def check_ttl(ttl_seconds: int | None, what: str) -> None:
                                    f"(10 years), or null for no expiry (got {ttl_seconds})")
 
 
-def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: str, request_type: str) -> dict:
+def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: str, request_type: str,
+                who: Principal) -> dict:
     check_seq_id(body.seq_id, request_type)
-    require_model(db, body.model_id)
+    require_owned_model(db, body.model_id, who)
+    check_inflight(db, who)
     with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type=request_type):
         name = validate_name(body.path, request_type)
         check_ttl(body.ttl_seconds, request_type)
@@ -70,47 +74,50 @@ def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: s
 
 
 @router.post("/save_weights")
-def save_weights(body: SaveWeightsRequest, request: Request, db: DbDep) -> dict[str, str]:
-    return submit_save(request, db, body, "weights", "save_weights")
+def save_weights(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+    return submit_save(request, db, body, "weights", "save_weights", who)
 
 
 @router.post("/save_weights_external")
-def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep) -> dict[str, str]:
-    return submit_save(request, db, body, "external_weights", "save_weights_external")
+def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+    return submit_save(request, db, body, "external_weights", "save_weights_external", who)
 
 
-def checkpoint_meta(db: Session, path: TinkerPath, what: str) -> tuple[CheckpointRecord, ModelMeta]:
-    record = ready_checkpoint(db, path, what)
+def checkpoint_meta(db: Session, path: TinkerPath, who: Principal, what: str) -> tuple[CheckpointRecord, ModelMeta]:
+    """A checkpoint `who` may read (its own or a published one) and what loading it needs."""
+    record = readable_checkpoint(db, path, who, what)
     return record, ModelMeta.from_json(record.model_meta)
 
 
-def _training_checkpoint(db: Session, raw_path: str) -> tuple[TinkerPath, ModelMeta]:
+def _training_checkpoint(db: Session, raw_path: str, who: Principal) -> tuple[TinkerPath, ModelMeta]:
     path = TinkerPath.parse(raw_path, "load_weights: path")
     if path.kind != "weights":
         raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a training "
                                    "checkpoint (tinker://<run>/weights/<name>, written by save_state)")
-    return path, checkpoint_meta(db, path, "load_weights")[1]
+    return path, checkpoint_meta(db, path, who, "load_weights")[1]
 
 
 @router.post("/load_weights")
-def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
+def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep,
+                 who: CallerDep) -> dict[str, str]:
     if body.session_id is None:  # legacy addressing: an existing model
         if body.model_id is None or body.seq_id is None:
             raise InvalidArgumentError("load_weights: give session_id + model_seq_id (new model) or model_id + seq_id")
         check_seq_id(body.seq_id, "load_weights")
-        require_model(db, body.model_id)
+        require_owned_model(db, body.model_id, who)
+        check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="load_weights"):
-            path, _ = _training_checkpoint(db, body.path)
+            path, _ = _training_checkpoint(db, body.path, who)
         job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
         return {"request_id": future_id, "model_id": body.model_id}
     check_model_seq_id(body.model_seq_id or 0, "load_weights")
     check_json_finite(body.user_metadata, "user_metadata", "load_weights")
-    path, meta = _training_checkpoint(db, body.path)
+    path, meta = _training_checkpoint(db, body.path, who)
     job = {"path": str(path), "optimizer": body.optimizer}
-    if db.get(SessionRecord, body.session_id) is None:
-        raise NotFoundError(f"load_weights: session {body.session_id!r} not found; create a session first")
+    session = owned_session(db, body.session_id, who, f"load_weights: session {body.session_id!r} not found; "
+                            "create a session first")
     base_model = body.base_model or meta.base_model
     if not settings.serves(base_model):
         raise InvalidArgumentError(f"load_weights: the checkpoint's base model {base_model!r} is not served here "
@@ -118,9 +125,14 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
     model_id = f"{body.session_id}:train:{body.model_seq_id or 0}"
     lora = {"rank": meta.lora_rank, "seed": meta.seed, "train_attn": meta.train_attn, "train_mlp": meta.train_mlp,
             "train_unembed": meta.train_unembed}
-    record = None if db.get(ModelRecord, model_id) else ModelRecord(
-        id=model_id, session_id=body.session_id, base_model=base_model, lora_rank=meta.lora_rank, lora_config=lora,
-        user_metadata=body.user_metadata or {})
+    if db.get(ModelRecord, model_id) is None:  # a retry of a create that got through is no new model
+        check_live_models(db, who)
+        check_inflight(db, who)
+        record = ModelRecord(id=model_id, session_id=body.session_id, owner_key_id=session.owner_key_id,
+                             base_model=base_model, lora_rank=meta.lora_rank, lora_config=lora,
+                             user_metadata=body.user_metadata or {})
+    else:
+        record = None
     create = {"model_id": model_id, "lora_rank": meta.lora_rank, "seed": meta.seed or 0, "train_attn": meta.train_attn,
               "train_mlp": meta.train_mlp, "train_unembed": meta.train_unembed, "load": job}
     future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=create,
@@ -129,9 +141,9 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
 
 
 @router.post("/weights_info")
-def weights_info(body: WeightsInfoRequest, db: DbDep) -> dict[str, Any]:
+def weights_info(body: WeightsInfoRequest, db: DbDep, who: CallerDep) -> dict[str, Any]:
     path = TinkerPath.parse(body.tinker_path, "weights_info: tinker_path")
-    _, meta = checkpoint_meta(db, path, "weights_info")
+    _, meta = checkpoint_meta(db, path, who, "weights_info")
     return {"base_model": meta.base_model, "is_lora": meta.is_lora, "lora_rank": meta.lora_rank or None,
             "train_unembed": meta.train_unembed, "train_mlp": meta.train_mlp, "train_attn": meta.train_attn,
             "optimizer_config": {"type": "adamw"}}

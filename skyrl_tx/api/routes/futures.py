@@ -12,6 +12,8 @@ from fastapi import APIRouter, Request, Response
 from skyrl_tx.api.json_response import FiniteJSONResponse as JSONResponse  # results may hold NaN
 from pydantic import BaseModel, ConfigDict
 
+from skyrl_tx.api.ownership import OWNED_OUTCOME
+from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import RESULT_IN_DATABASE, FutureOutcome
 from skyrl_tx.db.models import FutureStatus
@@ -30,10 +32,17 @@ class RetrieveFutureRequest(BaseModel):
     allow_metadata_only: bool = False
 
 
-def _load(request: Request, future_id: str) -> FutureOutcome | None:
-    """The future's status, request_type, result (the binary one where it has one) and error, never its request."""
+def _load(request: Request, future_id: str, who: Principal | None = None) -> FutureOutcome | None:
+    """The future's status, request_type, result (the binary one where it has one) and error, never its request.
+    With `who` (the first read of a poll): None as well where `who` does not see the future's owner; the owner is
+    read in the same statement (api/ownership.py), and not at all where `who` sees everything."""
     with request.app.state.database.connect() as db:
-        row = db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
+        if who is None or who.admin:
+            row = db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
+        else:
+            row = db.execute(OWNED_OUTCOME, {"id_": future_id}).one_or_none()
+            if row is not None and not who.sees(row.owner_key_id):
+                row = None
     if row is None:
         return None
     result = row.result if row.result_body is None else bytes(row.result_body)  # a driver may hand a memoryview
@@ -87,13 +96,13 @@ def _render(future: FutureOutcome, accept: str) -> Response:
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(body: RetrieveFutureRequest, request: Request) -> Response:
+async def retrieve_future(body: RetrieveFutureRequest, request: Request, who: CallerDep) -> Response:
     waiters = request.app.state.waiters
     settings = request.app.state.settings
     waiter = waiters.register(body.request_id)  # before reading, so a result written meanwhile is not missed
     try:
-        future = await asyncio.to_thread(_load, request, body.request_id)
-        if future is None:
+        future = await asyncio.to_thread(_load, request, body.request_id, who)
+        if future is None:  # another key's request is "not found" too
             raise NotFoundError(f"retrieve_future: request {body.request_id!r} not found")
         # Woken by the engine's notification at once; the database is re-read every `recheck` seconds as
         # well, for an engine that cannot notify this process (--engine external, or one that just died).

@@ -9,13 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.submit import consumes_seq_id, live_model, submit_future
+from skyrl_tx.api.ownership import check_inflight, owned_live_model, owned_sampler, owned_session, readable_checkpoint
+from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.submit import consumes_seq_id, submit_future
 from skyrl_tx.api.validation import check_model_seq_id, check_sample_request, check_sampling_params, check_seq_id
-from skyrl_tx.api.routes.checkpoints import check_ttl, checkpoint_meta
+from skyrl_tx.api.routes.checkpoints import check_ttl
+from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
-from skyrl_tx.db import future_queries
-from skyrl_tx.db.models import SamplingSessionRecord, SessionRecord
-from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+from skyrl_tx.db.models import SamplingSessionRecord
+from skyrl_tx.errors import InvalidArgumentError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -75,10 +77,12 @@ class SampleBody(BaseModel):
 
 
 @router.post("/save_weights_for_sampler")
-def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep) -> dict[str, str]:
+def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep,
+                             who: CallerDep) -> dict[str, str]:
     what = "save_weights_for_sampler"
     check_seq_id(body.seq_id, what)
-    model = live_model(db, body.model_id)
+    model = owned_live_model(db, body.model_id, who)
+    check_inflight(db, who)
     job: dict[str, Any] = {"model_id": body.model_id}
     with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type=what):
         if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
@@ -98,9 +102,9 @@ def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: 
 
 
 @router.post("/create_sampling_session")
-def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, settings: SettingsDep) -> dict[str, str]:
-    if db.get(SessionRecord, body.session_id) is None:
-        raise NotFoundError(f"create_sampling_session: session {body.session_id!r} not found")
+def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, settings: SettingsDep,
+                            who: CallerDep) -> dict[str, str]:
+    owned_session(db, body.session_id, who, f"create_sampling_session: session {body.session_id!r} not found")
     check_model_seq_id(body.sampling_session_seq_id, "create_sampling_session", "sampling_session_seq_id")
     sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
     if db.get(SamplingSessionRecord, sampler_id) is not None:  # a retry
@@ -111,7 +115,8 @@ def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, setti
         if path.kind != "sampler_weights":
             raise InvalidArgumentError(f"create_sampling_session: {path} is a {path.checkpoint_type} checkpoint; "
                                        "sample from sampler weights (save_weights_for_sampler)")
-        record, meta = checkpoint_meta(db, path, "create_sampling_session")
+        record = readable_checkpoint(db, path, who, "create_sampling_session")  # its own, or a published one
+        meta = ModelMeta.from_json(record.model_meta)
         snapshot_id, model_id, base_model = str(path), record.model_id, meta.base_model
     elif not settings.serves(base_model):
         raise InvalidArgumentError(f"create_sampling_session: base_model {base_model!r} is not served here")
@@ -122,15 +127,14 @@ def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, setti
 
 
 @router.get("/samplers/{sampler_id:path}")
-def get_sampler(sampler_id: str, db: DbDep) -> dict[str, Any]:
+def get_sampler(sampler_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
+    owned_sampler(db, sampler_id, who, f"sampler {sampler_id!r} not found")
     sampler = db.get(SamplingSessionRecord, sampler_id)
-    if sampler is None:
-        raise NotFoundError(f"sampler {sampler_id!r} not found")
     return {"sampler_id": sampler.id, "base_model": sampler.base_model, "model_path": sampler.model_path}
 
 
 @router.post("/asample")
-async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
+async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[str, Any]:
     check_model_seq_id(body.seq_id, "asample", "seq_id")  # part of the future's id only: any signed 64-bit value
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
@@ -147,10 +151,9 @@ async def asample(body: SampleBody, request: Request) -> dict[str, Any]:
     params["stop"] = [stop] if isinstance(stop, str) else stop
 
     def store(db: Connection) -> dict[str, Any]:
-        sampler = db.execute(future_queries.SAMPLER_WEIGHTS, {"id_": body.sampling_session_id}).one_or_none()
-        if sampler is None:
-            raise NotFoundError(f"asample: sampling session {body.sampling_session_id!r} not found; create a "
-                                "sampling client first")
+        sampler = owned_sampler(db, body.sampling_session_id, who, f"asample: sampling session "
+                                f"{body.sampling_session_id!r} not found; create a sampling client first")
+        check_inflight(db, who)
         job = {"weights_id": sampler.snapshot_id or "",
                "prompt_tokens": prompt_tokens, "num_samples": body.num_samples,
                "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,

@@ -11,10 +11,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.ownership import owned_session
+from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.validation import check_json_finite
 from skyrl_tx.db.models import SessionRecord, SessionStatus
 from skyrl_tx.db.unload_requests import request_unloads
-from skyrl_tx.errors import GoneError, NotFoundError
+from skyrl_tx.errors import GoneError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -44,26 +46,23 @@ def dynamic_config() -> dict[str, Any]:
 
 
 @router.post("/create_session")
-def create_session(body: CreateSessionRequest, db: DbDep) -> dict[str, str]:
+def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> dict[str, str]:
     # Session ids appear inside model ids ("<session>:train:<n>") and URLs: no ':' and no '/'.
     check_json_finite(body.user_metadata, "user_metadata", "create_session")
     session_id = uuid.uuid4().hex
     db.add(SessionRecord(id=session_id, tags=body.tags, user_metadata=body.user_metadata,
-                         sdk_version=body.sdk_version))
+                         sdk_version=body.sdk_version, owner_key_id=who.key_id))
     db.commit()
     return {"session_id": session_id}
 
 
-def _session(db: DbDep, session_id: str) -> SessionRecord:
-    session = db.get(SessionRecord, session_id)
-    if session is None:
-        raise NotFoundError(f"session {session_id!r} not found; create one with create_session")
-    return session
+def _session(db: DbDep, session_id: str, who: Principal) -> SessionRecord:
+    return owned_session(db, session_id, who, f"session {session_id!r} not found; create one with create_session")
 
 
 @router.post("/session_heartbeat")
-def session_heartbeat(body: SessionRef, db: DbDep) -> dict[str, Any]:
-    session = _session(db, body.session_id)
+def session_heartbeat(body: SessionRef, db: DbDep, who: CallerDep) -> dict[str, Any]:
+    session = _session(db, body.session_id, who)
     if session.status != SessionStatus.ACTIVE.value:  # the SDK stops heartbeating on a 410
         raise GoneError(f"session {body.session_id!r} has ended (finished, or silent past the session timeout); "
                         "its models were unloaded: start a new ServiceClient")
@@ -73,10 +72,10 @@ def session_heartbeat(body: SessionRef, db: DbDep) -> dict[str, Any]:
 
 
 @router.post("/sessions/{session_id}/finish", status_code=204)
-def finish_session(session_id: str, request: Request, db: DbDep) -> Response:
+def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep) -> Response:
     """The session ends: its models are unloaded once their accepted requests and samples are done, so their
     adapter slots are free for the next user at once (not at the session timeout)."""
-    _session(db, session_id).status = SessionStatus.EXPIRED.value
+    _session(db, session_id, who).status = SessionStatus.EXPIRED.value
     unloads = request_unloads(db, session_id)
     db.commit()
     if unloads:

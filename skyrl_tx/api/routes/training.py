@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
-from skyrl_tx.api.submit import consumes_seq_id, live_model, record_unusable_body, require_model, submit_future
+from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_live_model, owned_session,
+                                    require_owned_model)
+from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.submit import consumes_seq_id, record_unusable_body, submit_future
 from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_json_finite,
                                      check_model_seq_id, check_seed, check_seq_id)
-from skyrl_tx.db.models import ModelRecord, SessionRecord
-from skyrl_tx.errors import InvalidArgumentError, NotFoundError
+from skyrl_tx.db.models import ModelRecord
+from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
 from skyrl_tx.wire.codec import decode_forward_backward_request
 
@@ -54,9 +57,10 @@ class OptimStepRequest(BaseModel):
 
 
 @router.post("/create_model")
-def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep) -> dict[str, str]:
-    if db.get(SessionRecord, body.session_id) is None:
-        raise NotFoundError(f"create_model: session {body.session_id!r} not found; create a session first")
+def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep,
+                 who: CallerDep) -> dict[str, str]:
+    session = owned_session(db, body.session_id, who, f"create_model: session {body.session_id!r} not found; "
+                            "create a session first")
     check_model_seq_id(body.model_seq_id, "create_model")
     check_seed(body.lora_config.seed, "create_model", "lora_config.seed")
     check_json_finite(body.user_metadata, "user_metadata", "create_model")
@@ -73,9 +77,14 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
         raise InvalidArgumentError(f"create_model: optimizer_config type {optimizer!r} is not supported; use adamw")
     model_id = f"{body.session_id}:train:{body.model_seq_id}"  # the SDK derives ids of this shape itself
     lora = body.lora_config.model_dump()
-    record = None if db.get(ModelRecord, model_id) else ModelRecord(
-        id=model_id, session_id=body.session_id, base_model=body.base_model, lora_rank=rank, lora_config=lora,
-        user_metadata=body.user_metadata or {})
+    if db.get(ModelRecord, model_id) is None:  # a retry of a create that got through is no new model
+        check_live_models(db, who)
+        check_inflight(db, who)
+        record = ModelRecord(id=model_id, session_id=body.session_id, owner_key_id=session.owner_key_id,
+                             base_model=body.base_model, lora_rank=rank, lora_config=lora,
+                             user_metadata=body.user_metadata or {})
+    else:
+        record = None
     job = {"model_id": model_id, "lora_rank": rank, **{k: v for k, v in lora.items() if k != "rank"}}
     future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=job,
                               session_id=body.session_id, extra_rows=(record,) if record else ())
@@ -83,8 +92,8 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
 
 
 @router.post("/get_info")
-def get_info(body: ModelRef, request: Request, db: DbDep) -> dict[str, Any]:
-    model = live_model(db, body.model_id)
+def get_info(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> dict[str, Any]:
+    model = owned_live_model(db, body.model_id, who)
     model_data = {"arch": request.app.state.architecture, "model_name": model.base_model,
                   "tokenizer_id": str(request.app.state.model_dir)}
     return {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
@@ -93,7 +102,7 @@ def get_info(body: ModelRef, request: Request, db: DbDep) -> dict[str, Any]:
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request) -> dict[str, str]:
+async def forward_backward(request: Request, who: CallerDep) -> dict[str, str]:
     raw = await request.body()
     encoding = request.headers.get("content-encoding")
 
@@ -109,7 +118,8 @@ async def forward_backward(request: Request) -> dict[str, str]:
         model_id, seq_id = decoded["model_id"], decoded["seq_id"]
         kind = "forward" if decoded["forward_only"] else "forward_backward"
         check_seq_id(seq_id, kind)
-        require_model(db, model_id)
+        require_owned_model(db, model_id, who)
+        check_inflight(db, who)  # outside consumes_seq_id: the SDK retries a 429 with the same seq_id
         with consumes_seq_id(request, db, model_id=model_id, seq_id=seq_id, request_type=kind):
             if decoded["loss_fn"] not in LOSS_FUNCTIONS:
                 raise InvalidArgumentError(f"{kind}: loss_fn {decoded['loss_fn']!r} is not supported; use one "
@@ -126,11 +136,12 @@ async def forward_backward(request: Request) -> dict[str, str]:
 
 
 @router.post("/optim_step")
-async def optim_step(body: OptimStepRequest, request: Request) -> dict[str, str]:
+async def optim_step(body: OptimStepRequest, request: Request, who: CallerDep) -> dict[str, str]:
     check_seq_id(body.seq_id, "optim_step")
 
     def store(db: Connection) -> dict[str, str]:
-        require_model(db, body.model_id)
+        require_owned_model(db, body.model_id, who)
+        check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="optim_step"):
             if body.adam_params is None:
                 kind = (body.optimizer_params or {}).get("type", "unknown")
@@ -146,8 +157,8 @@ async def optim_step(body: OptimStepRequest, request: Request) -> dict[str, str]
 
 
 @router.post("/unload_model")
-def unload_model(body: ModelRef, request: Request, db: DbDep) -> dict[str, str]:
-    require_model(db, body.model_id)
+def unload_model(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+    require_owned_model(db, body.model_id, who)
     future_id = submit_future(request, db, future_id=f"{body.model_id}:unload", request_type="unload_model",
                               body={"model_id": body.model_id}, model_id=body.model_id)
     return {"request_id": future_id, "model_id": body.model_id}

@@ -13,10 +13,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep
+from skyrl_tx.api.ownership import owned_run, readable_checkpoint, writable_checkpoint
+from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.api.url_signing import signature, signature_matches
 from skyrl_tx.api.validation import INT64_MAX
-from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
@@ -24,7 +25,7 @@ from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 router = APIRouter(prefix="/api/v1")
 
 URL_LIFETIME_S = 3600  # signed download URLs stay valid this long
-OWNER = "local"  # a self-hosted server has one owner: whoever can reach it
+OWNER = "local"  # the owner of what was made with --auth none (with keys: the key's id)
 
 
 class TtlRequest(BaseModel):
@@ -36,12 +37,18 @@ def checkpoint_json(row: CheckpointRecord) -> dict[str, Any]:
     path = TinkerPath(row.model_id, row.kind, row.name)
     return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": path.checkpoint_type,
             "time": row.created_at.isoformat(), "tinker_path": row.tinker_path, "size_bytes": row.size_bytes,
-            "public": False, "user_metadata": row.user_metadata, "expires_at":
+            "public": bool(row.public), "user_metadata": row.user_metadata, "expires_at":
             row.expires_at.isoformat() if row.expires_at else None}
 
 
 def _listed():
     return select(CheckpointRecord).where(CheckpointRecord.status == CheckpointStatus.READY.value)
+
+
+def _runs_of(who: Principal):
+    """The models (training runs) `who` sees: every one for an admin (and --auth none), else its own."""
+    query = select(ModelRecord)
+    return query if who.admin else query.where(ModelRecord.owner_key_id == who.key_id)
 
 
 def _run_json(db: Session, model: ModelRecord) -> dict[str, Any]:
@@ -51,7 +58,7 @@ def _run_json(db: Session, model: ModelRecord) -> dict[str, Any]:
                         .order_by(CheckpointRecord.created_at.desc()).limit(1))
         latest[kind] = checkpoint_json(row) if row else None
     metadata = {str(k): str(v) for k, v in (model.user_metadata or {}).items()} or None
-    return {"training_run_id": model.id, "base_model": model.base_model, "model_owner": OWNER,
+    return {"training_run_id": model.id, "base_model": model.base_model, "model_owner": model.owner_key_id or OWNER,
             "is_lora": model.lora_rank > 0, "lora_rank": model.lora_rank or None, "corrupted": False,
             "last_request_time": (model.last_request_at or model.created_at).isoformat(),
             "last_checkpoint": latest["weights"], "last_sampler_checkpoint": latest["sampler_weights"],
@@ -66,41 +73,45 @@ def _page(limit: int, offset: int) -> tuple[int, int]:
 
 
 @router.get("/training_runs")
-def list_training_runs(db: DbDep, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+def list_training_runs(db: DbDep, who: CallerDep, limit: int = 20, offset: int = 0) -> dict[str, Any]:
     limit, offset = _page(limit, offset)
-    total = db.scalar(select(func.count()).select_from(ModelRecord))
-    models = db.scalars(select(ModelRecord).order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
+    total = db.scalar(select(func.count()).select_from(_runs_of(who).subquery()))
+    models = db.scalars(_runs_of(who).order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
     return {"training_runs": [_run_json(db, m) for m in models],
             "cursor": {"offset": offset, "limit": limit, "total_count": total}}
 
 
 @router.get("/training_runs/{run_id}")
-def get_training_run(run_id: str, db: DbDep) -> dict[str, Any]:
-    model = db.get(ModelRecord, run_id)
-    if model is None:
-        raise NotFoundError(f"training run {run_id!r} not found")
-    return _run_json(db, model)
+def get_training_run(run_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
+    return _run_json(db, owned_run(db, run_id, who))
 
 
 @router.get("/training_runs/{run_id}/checkpoints")
-def list_run_checkpoints(run_id: str, db: DbDep) -> dict[str, Any]:
-    if db.get(ModelRecord, run_id) is None:
-        raise NotFoundError(f"training run {run_id!r} not found")
+def list_run_checkpoints(run_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
+    owned_run(db, run_id, who)
     rows = db.scalars(_listed().where(CheckpointRecord.model_id == run_id).order_by(CheckpointRecord.created_at))
     return {"checkpoints": [checkpoint_json(r) for r in rows], "cursor": None}
 
 
 @router.get("/checkpoints")
-def list_all_checkpoints(db: DbDep, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+def list_all_checkpoints(db: DbDep, who: CallerDep, limit: int = 100, offset: int = 0) -> dict[str, Any]:
     limit, offset = _page(limit, offset)
-    total = db.scalar(select(func.count()).select_from(_listed().subquery()))
-    rows = db.scalars(_listed().order_by(CheckpointRecord.created_at.desc()).limit(limit).offset(offset))
+    listed = _listed()
+    if not who.admin:  # the caller's own checkpoints (published ones of others are read by path, not listed)
+        listed = listed.join(ModelRecord, ModelRecord.id == CheckpointRecord.model_id).where(
+            ModelRecord.owner_key_id == who.key_id)
+    total = db.scalar(select(func.count()).select_from(listed.subquery()))
+    rows = db.scalars(listed.order_by(CheckpointRecord.created_at.desc()).limit(limit).offset(offset))
     return {"checkpoints": [checkpoint_json(r) for r in rows],
             "cursor": {"offset": offset, "limit": limit, "total_count": total}}
 
 
-def _ready(db: Session, run_id: str, kind: str, name: str) -> CheckpointRecord:
-    return ready_checkpoint(db, TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}"), "checkpoint")
+def _path(run_id: str, kind: str, name: str) -> TinkerPath:
+    return TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
+
+
+def _writable(db: Session, run_id: str, kind: str, name: str, who: Principal) -> CheckpointRecord:
+    return writable_checkpoint(db, _path(run_id, kind, name), who, "checkpoint")
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}")
@@ -109,32 +120,39 @@ def delete_bare_checkpoint_id(run_id: str, checkpoint_id: str) -> None:
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
-def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: DbDep) -> None:
-    row = _ready(db, run_id, kind, name)
+def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: DbDep, who: CallerDep) -> None:
+    row = _writable(db, run_id, kind, name, who)
     row.status = CheckpointStatus.DELETED.value  # unlisted first: a reader never sees a half-deleted checkpoint
     db.commit()
     request.app.state.store.delete(row.storage_uri)
 
 
 @router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
-def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: DbDep) -> None:
+def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: DbDep, who: CallerDep) -> None:
     check_ttl(body.ttl_seconds, "set ttl")
-    row = _ready(db, run_id, kind, name)
+    row = _writable(db, run_id, kind, name, who)
     row.expires_at = (datetime.now(timezone.utc) + timedelta(seconds=body.ttl_seconds)
                       if body.ttl_seconds is not None else None)
     db.commit()
 
 
 @router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+def publish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
+    """Every key may then read it by its tinker:// path (load, sample, download); only its owner may change it."""
+    _writable(db, run_id, kind, name, who).public = True
+    db.commit()
+
+
 @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
-def publish_checkpoint(run_id: str, kind: str, name: str) -> None:
-    raise InvalidArgumentError("publish: not supported by a self-hosted server; every client of this server can "
-                               "already read every checkpoint by its tinker:// path")
+def unpublish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
+    _writable(db, run_id, kind, name, who).public = False
+    db.commit()
 
 
 @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
-def external_weights_urls(run_id: str, kind: str, name: str, request: Request, db: DbDep) -> dict[str, Any]:
-    row = _ready(db, run_id, kind, name)
+def external_weights_urls(run_id: str, kind: str, name: str, request: Request, db: DbDep,
+                          who: CallerDep) -> dict[str, Any]:
+    row = readable_checkpoint(db, _path(run_id, kind, name), who, "checkpoint")  # its own, or a published one
     expires = int(time.time()) + URL_LIFETIME_S
     secret = request.app.state.download_secret  # api/url_signing.py: survives restarts
     base = request.app.state.settings.public_base_url()  # never the request's Host header: a client could set it
