@@ -246,3 +246,17 @@ def test_chat_template_and_prompts_tokenize_as_transformers(tiny_model_dir: Any,
     assert ours.encode(text) == hf(text)["input_ids"]
     tokens = hf(text + " 42.")["input_ids"]
     assert ours.decode(tokens) == hf.decode(tokens, skip_special_tokens=True)
+
+
+def test_seeded_sampling_equals_tinker_sample_with_the_same_seed(client: openai.OpenAI, base_sampler: Any,
+                                                                 hf_tokenizer: Any) -> None:
+    """Not only greedy: n sequences at temperature 1 with a seed are Tinker's num_samples with that seed."""
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=99)
+    theirs = base_sampler.sample(types.ModelInput.from_ints(PROMPT), 3, params).result().sequences
+    ours = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, top_p=0.9,
+                                     seed=99, n=3, logprobs=0)
+    eos = eos_ids(hf_tokenizer)
+    for seq, choice in zip(theirs, ours.choices, strict=True):
+        tokens, logprobs = without_eos(seq, eos)
+        assert choice.text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+        assert choice.logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-6)
