@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Engine, event
 
+from skyrl_tx.api.http_metrics import HttpMetrics
 from skyrl_tx.api.request_ids import RequestContext, install_log_context
 from skyrl_tx.db.future_queries import QUEUE_DEPTH, FutureOutcome, Notify
 from skyrl_tx.db.models import REQUEST_TYPES, FutureStatus
@@ -57,11 +58,8 @@ class Metrics:
     def __init__(self, database: Engine | None = None) -> None:
         self.registry = CollectorRegistry()  # per app: tests start several apps in one process
         r = self.registry
-        self.http_requests = Counter("skyrl_tx_http_requests", "HTTP requests answered, by route template, status "
-                                     "and API key name", ["method", "route", "status", "key"], registry=r)
-        self.http_seconds = Histogram("skyrl_tx_http_request_duration_seconds", "Time from a request's first byte "
-                                      "to its response's last (a long-poll counts its wait)", ["method", "route"],
-                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.http = HttpMetrics(LATENCY_BUCKETS)  # per request: plain dicts, not prometheus_client's locks
+        r.register(self.http)
         self.requests = Counter("skyrl_tx_requests", "Requests (futures) the engine finished, by request type and "
                                 "outcome (ok, user_error, server_error)", ["type", "outcome"], registry=r)
         self.latency = Histogram("skyrl_tx_request_latency_seconds", "Seconds of a request the engine finished: "
@@ -89,8 +87,6 @@ class Metrics:
         self.stats_at: float | None = None  # monotonic time of the engine's last stats report
         self._engine_run: str | None = None
         self._engine_totals: dict[str, int] = {}
-        self._http_children: dict[tuple[str, str, int, str], Any] = {}
-        self._seconds_children: dict[tuple[str, str], Any] = {}
         self._database = database
         self._runner: Any = None
         r.register(_ScrapeTime(self))
@@ -103,18 +99,6 @@ class Metrics:
     def _on_database_error(self, context: Any) -> None:
         if counts_as_database_error(context.original_exception):
             self.database_errors.labels("api").inc()
-
-    def observe_request(self, method: str, route: str, status: int, seconds: float, key: str) -> None:
-        """RequestContext's observer: label lookups are cached (a dict hit instead of labels() per call)."""
-        counter = self._http_children.get((method, route, status, key))
-        if counter is None:
-            counter = self._http_children[(method, route, status, key)] = self.http_requests.labels(
-                method, route, str(status), key)
-        counter.inc()
-        histogram = self._seconds_children.get((method, route))
-        if histogram is None:
-            histogram = self._seconds_children[(method, route)] = self.http_seconds.labels(method, route)
-        histogram.observe(seconds)
 
     def observe_outcomes(self, outcomes: Iterable[FutureOutcome]) -> None:
         for o in outcomes:
@@ -166,7 +150,7 @@ class Metrics:
 
         for path in METRICS_PATHS:
             app.add_api_route(path, metrics, methods=["GET"], include_in_schema=False)
-        app.add_middleware(RequestContext, observe=self.observe_request)
+        app.add_middleware(RequestContext, observe=self.http.observe)
 
     def queue_depth(self) -> dict[tuple[str, str], int]:
         if self._database is None:
