@@ -56,10 +56,10 @@ _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "store": (None, False), "service_tier": (None, "auto", "default"), "metadata": (None, {}),
     "functions": (None, []), "function_call": (None, "none"),
 }
-_FREE_FIELDS = {"user"}
+_FREE_FIELDS = {"user"}  # no effect on sampling: accepted with any value
 _SHAPES = {"stop": "a string, a list of strings, or a list of token ids",
            "prompt": "a string, a list of strings, a list of token ids, or a list of token id lists",
-           "messages": "a list of message objects ({\"role\": ..., \"content\": ...})"}  # no effect on sampling: accepted with any value
+           "messages": "a list of message objects ({\"role\": ..., \"content\": ...})"}
 
 
 @dataclass
@@ -129,7 +129,8 @@ def sampling_spec(body: _Common, max_tokens: int | None, max_tokens_name: str, l
         raise invalid("stop strings must be non-empty", "stop")
     if strings and ids:
         raise invalid("this server stops on strings or on token ids within one request, not both: send stop "
-                      "strings, or token ids (stop / stop_token_ids)", "stop_token_ids" if body.stop_token_ids else "stop")
+                      "strings, or token ids (stop / stop_token_ids)",
+                      "stop_token_ids" if body.stop_token_ids else "stop")
     for token in ids:
         _int(token, "stop", 0, INT64_MAX)
     include_usage = False
@@ -138,7 +139,7 @@ def sampling_spec(body: _Common, max_tokens: int | None, max_tokens_name: str, l
             raise invalid("stream_options is only allowed with stream: true", "stream_options")
         unknown = set(body.stream_options) - {"include_usage"}
         if unknown:
-            raise unsupported(f"stream_options.{sorted(unknown)[0]}")
+            raise unsupported(f"stream_options.{min(unknown)}")
         include_usage = bool(body.stream_options.get("include_usage"))
     params = {"max_tokens": max_tokens,
               "temperature": _number(body.temperature, "temperature", 1.0, 0.0, 1e6),

@@ -25,7 +25,7 @@ class _GenerationTag(Extension):
     """`{% generation %}…{% endgeneration %}` (transformers' AssistantTracker marks assistant turns with it for
     training masks); rendering needs only its body."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2's Extension API names its tags in a class attribute
 
     def parse(self, parser: Any) -> nodes.Node:
         lineno = next(parser.stream).lineno
@@ -67,6 +67,14 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _clean_up_tokenization(text: str) -> str:
+    """transformers' clean_up_tokenization (applied where tokenizer_config.json asks for it)."""
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
 class ModelText:
     """The served base model's tokenizer files, loaded once per server (every checkpoint shares its base's)."""
 
@@ -83,6 +91,9 @@ class ModelText:
         self.eos_ids = set(eos_token_ids(model_dir, decoder.eos_token_ids))
         self.vocab_size = decoder.vocab_size
         self._bytes: list[bytes] | None = None  # every token's raw bytes: read when chat logprobs first ask
+        self._template: jinja2.Template | None = None  # the chat template, compiled on first use
+        # Older tokenizers (e.g. Llama 2's) ask transformers to tidy spaces before punctuation when decoding
+        self._clean_up_spaces = bool(self.config.get("clean_up_tokenization_spaces", False))
 
     def _find_chat_template(self, model_dir: Path) -> str | None:
         template = self.config.get("chat_template")
@@ -111,7 +122,9 @@ class ModelText:
         context.setdefault("tools", None)
         context.setdefault("documents", None)
         try:
-            return _environment().from_string(self.chat_template).render(**context)
+            if self._template is None:
+                self._template = _environment().from_string(self.chat_template)
+            return self._template.render(**context)
         except jinja2.exceptions.TemplateError as exc:
             raise invalid(f"the chat template could not render these messages: {exc}", "messages") from None
 
@@ -121,7 +134,8 @@ class ModelText:
 
     # ---- completions ---------------------------------------------------------------------------
     def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return _clean_up_tokenization(text) if self._clean_up_spaces else text
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)

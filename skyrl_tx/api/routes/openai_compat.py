@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,8 @@ from skyrl_tx.api import openai_render as render
 from skyrl_tx.api.json_response import FiniteJSONResponse
 from skyrl_tx.api.openai_errors import OpenAIError, error_json, from_skyrl, invalid
 from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkpoints
-from skyrl_tx.api.openai_schemas import ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse, \
-    prompts_of
+from skyrl_tx.api.openai_schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
+                                         prompts_of)
 from skyrl_tx.api.openai_text import ModelText
 from skyrl_tx.errors import SkyrlTxError
 
@@ -76,11 +76,33 @@ def _max_tokens(request: Request, asked: int | None, asked_name: str, prompt_len
     return room - prompt_length if asked is None else asked
 
 
-def _respond(spec: Any, chunks: Any, whole: Any) -> Response:
+async def _respond(spec: Any, chunks: Callable[[], Iterator[dict[str, Any]]],
+                   whole: Callable[[], dict[str, Any]]) -> Response:
+    """The answer, built off the event loop (detokenizing is CPU work): a streamed body is iterated in Starlette's
+    thread pool, a whole one is built in a thread."""
     if spec.stream:
-        return StreamingResponse(render.sse(chunks), media_type="text/event-stream",
+        return StreamingResponse(render.sse(chunks()), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return FiniteJSONResponse(whole)
+    return FiniteJSONResponse(await asyncio.to_thread(whole))
+
+
+def _tokenize_prompts(text: ModelText, raw_prompts: list[str | list[int]]) -> list[list[int]]:
+    prompts = []
+    for p in raw_prompts:
+        tokens = text.encode(p) if isinstance(p, str) else list(p)
+        if not tokens:
+            raise invalid("a prompt must hold at least one token", "prompt")
+        text.check_tokens(tokens, "prompt")
+        prompts.append(tokens)
+    return prompts
+
+
+def _chat_prompt(text: ModelText, body: ChatBody) -> list[int]:
+    rendered = text.render_chat(chat_messages(body), body.add_generation_prompt, dict(body.chat_template_kwargs or {}))
+    prompt = text.encode_chat(rendered)
+    if not prompt:
+        raise invalid("the chat template rendered these messages as no tokens", "messages")
+    return prompt
 
 
 @_openai_errors
@@ -88,41 +110,29 @@ async def completions(request: Request) -> Response:
     body = parse(CompletionBody, await _body(request))
     spec = completion_spec(body)
     raw_prompts = prompts_of(body)
-    text = await model_text(request) if any(isinstance(p, str) for p in raw_prompts) else None
-    prompts: list[list[int]] = []
-    for p in raw_prompts:
-        tokens = text.encode(p) if isinstance(p, str) else list(p)
-        if not tokens:
-            raise invalid("a prompt must hold at least one token", "prompt")
-        prompts.append(tokens)
+    text = await model_text(request)
+    prompts = await asyncio.to_thread(_tokenize_prompts, text, raw_prompts)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
-    text = text or await model_text(request)
-    for tokens in prompts:
-        text.check_tokens(tokens, "prompt")
     limits = [_max_tokens(request, spec.params["max_tokens"], "max_tokens", len(p), "prompt") for p in prompts]
     results = await sample(request, spec, weights_id, prompts, limits)
-    picked = render.choices(text, spec, results)
+    picked = await asyncio.to_thread(render.choices, text, spec, results)
     lengths = [len(p) for p in prompts]
-    return _respond(spec, render.completion_chunks(text, spec, body.model, picked, lengths),
-                    render.completion(text, spec, body.model, picked, lengths) if not spec.stream else None)
+    return await _respond(spec, lambda: render.completion_chunks(text, spec, body.model, picked, lengths),
+                          lambda: render.completion(text, spec, body.model, picked, lengths))
 
 
 @_openai_errors
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatBody, await _body(request))
     spec = chat_spec(body)
-    messages = chat_messages(body)
     text = await model_text(request)
-    rendered = text.render_chat(messages, body.add_generation_prompt, dict(body.chat_template_kwargs or {}))
-    prompt = text.encode_chat(rendered)
-    if not prompt:
-        raise invalid("the chat template rendered these messages as no tokens", "messages")
+    prompt = await asyncio.to_thread(_chat_prompt, text, body)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
     limit = _max_tokens(request, spec.params["max_tokens"], spec.max_tokens_name, len(prompt), "messages")
     (result,) = await sample(request, spec, weights_id, [prompt], [limit])
-    picked = render.choices(text, spec, [result])
-    return _respond(spec, render.chat_chunks(text, spec, body.model, picked, len(prompt)),
-                    render.chat_completion(text, spec, body.model, picked, len(prompt)) if not spec.stream else None)
+    picked = await asyncio.to_thread(render.choices, text, spec, [result])
+    return await _respond(spec, lambda: render.chat_chunks(text, spec, body.model, picked, len(prompt)),
+                          lambda: render.chat_completion(text, spec, body.model, picked, len(prompt)))
 
 
 @_openai_errors
