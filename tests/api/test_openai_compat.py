@@ -191,6 +191,11 @@ def test_models_and_sampling_a_saved_checkpoint_by_its_tinker_path(client: opena
     assert ours.choices[0].text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
     assert ours.choices[0].logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-6)
     assert ours.model == path
+    chat = client.chat.completions.create(model=path, messages=MESSAGES, max_tokens=8, temperature=0)
+    prompt = list(hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"])
+    tokens, _ = without_eos(tinker_greedy(tuned, prompt, 8), eos_ids(hf_tokenizer))
+    assert chat.choices[0].message.content == hf_tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, server_url: str) -> None:
@@ -260,3 +265,21 @@ def test_seeded_sampling_equals_tinker_sample_with_the_same_seed(client: openai.
         tokens, logprobs = without_eos(seq, eos)
         assert choice.text == hf_tokenizer.decode(tokens, skip_special_tokens=True)
         assert choice.logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-6)
+
+
+def test_openai_and_tinker_requests_share_the_batch_without_mixing_up(client: openai.OpenAI, base_sampler: Any,
+                                                                      hf_tokenizer: Any) -> None:
+    """OpenAI and Tinker requests in flight together (one continuous batch in the engine) each get their own
+    sequence: every concurrent answer equals the one each gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [PROMPT, PROMPT[:5], [7, 8, 9, 10], PROMPT[::-1]]
+    alone = [client.completions.create(model=BASE_MODEL, prompt=p, max_tokens=10, temperature=0).choices[0].text
+             for p in prompts]
+    eos = eos_ids(hf_tokenizer)
+    with ThreadPoolExecutor(8) as pool:
+        ours = [pool.submit(client.completions.create, model=BASE_MODEL, prompt=p, max_tokens=10, temperature=0)
+                for p in prompts]
+        theirs = [pool.submit(tinker_greedy, base_sampler, p, 10) for p in prompts]
+        assert [f.result().choices[0].text for f in ours] == alone
+        assert [hf_tokenizer.decode(without_eos(f.result(), eos)[0], skip_special_tokens=True) for f in theirs] == alone
