@@ -185,6 +185,7 @@ def test_models_and_sampling_a_saved_checkpoint_by_its_tinker_path(client: opena
     assert path.startswith("tinker://") and "/sampler_weights/" in path
     ids = [m.id for m in client.models.list().data]
     assert ids[0] == BASE_MODEL and path in ids
+    assert client.models.retrieve(path).id == path and client.models.retrieve(BASE_MODEL).root == BASE_MODEL
     tuned = service_client.create_sampling_client(model_path=path).result()
     tokens, logprobs = without_eos(tinker_greedy(tuned, PROMPT, 10), eos_ids(hf_tokenizer))
     ours = client.completions.create(model=path, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=0)
@@ -204,6 +205,8 @@ def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, se
     assert missing.value.body["param"] == "model" and missing.value.body["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="tinker://nope:train:0/sampler_weights/x", prompt=PROMPT, max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
     cases = [({"frequency_penalty": 0.5}, "frequency_penalty"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
              ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"), ({"temperature": -1}, "temperature"),
              ({"n": 0}, "n")]

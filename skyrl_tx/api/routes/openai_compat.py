@@ -135,8 +135,7 @@ async def chat_completions(request: Request) -> Response:
                           lambda: render.chat_completion(text, spec, body.model, picked, len(prompt)))
 
 
-@_openai_errors
-async def models(request: Request) -> Response:
+async def _model_list(request: Request) -> list[dict[str, Any]]:
     """The served base model (and its aliases), then every ready sampler checkpoint by its tinker:// path."""
     settings = request.app.state.settings
     created = int(time.time())
@@ -145,10 +144,26 @@ async def models(request: Request) -> Response:
     for path, base, when in await asyncio.to_thread(sampler_checkpoints, request):
         data.append({"id": path, "object": "model", "created": int(when), "owned_by": "skyrl_tx", "root": base,
                      "parent": base})
-    return FiniteJSONResponse({"object": "list", "data": data})
+    return data
+
+
+@_openai_errors
+async def models(request: Request) -> Response:
+    return FiniteJSONResponse({"object": "list", "data": await _model_list(request)})
+
+
+@_openai_errors
+async def model(request: Request) -> Response:
+    """GET /models/{model}: one of the list (a tinker:// path given whole, slashes included)."""
+    name = request.path_params["model"]
+    found = next((m for m in await _model_list(request) if m["id"] == name), None)
+    if found is None:
+        raise OpenAIError(404, f"The model `{name}` does not exist on this server", "model")
+    return FiniteJSONResponse(found)
 
 
 for _prefix in PREFIXES:
     router.add_api_route(f"{_prefix}/completions", completions, methods=["POST"])
     router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"])
     router.add_api_route(f"{_prefix}/models", models, methods=["GET"])
+    router.add_api_route(f"{_prefix}/models/{{model:path}}", model, methods=["GET"])
