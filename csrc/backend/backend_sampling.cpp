@@ -113,8 +113,9 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
     cfg.seed = config_.seed;
     cfg.logprobs_chunk_tokens = config_.logprobs_chunk_tokens;
     // CPU decode stays eager: with no launch overhead to save, padding rows and keys would only add work.
-    cfg.decode_mode = model.options().device.is_cuda() && config_.cuda_graphs ? sampling::DecodeMode::kCudaGraph
-                                                                               : sampling::DecodeMode::kEager;
+    cfg.decode_mode = model.options().device.is_cuda() && config_.cuda_graphs && model.cuda_graph_capturable()
+                          ? sampling::DecodeMode::kCudaGraph
+                          : sampling::DecodeMode::kEager;
     generator = std::make_unique<sampling::Generator>(model, cfg, eos_tokens_, token_bytes_);
   }
   return *generator;

@@ -1,7 +1,10 @@
-// Binds the plain config structs: ModelConfig, RopeScaling, LoraConfig, BackendConfig.
+// Binds the plain config structs (ModelConfig, RopeScaling, LoraConfig, BackendConfig) and the architecture registry.
+#include <pybind11/stl.h>
+
 #include "backend/backend_config.h"
 #include "bindings/bindings.h"
 #include "lora/lora_config.h"
+#include "models/architectures.h"
 #include "models/model_config.h"
 
 namespace py = pybind11;
@@ -36,7 +39,39 @@ void bind_models(py::module_& m) {
       .def_readwrite("attention_bias", &ModelConfig::attention_bias)
       .def_readwrite("mlp_bias", &ModelConfig::mlp_bias)
       .def_readwrite("rope_scaling", &ModelConfig::rope_scaling)
-      .def("validate", &ModelConfig::validate);
+      .def_readwrite("num_experts", &ModelConfig::num_experts)
+      .def_readwrite("num_experts_per_tok", &ModelConfig::num_experts_per_tok)
+      .def_readwrite("moe_intermediate_size", &ModelConfig::moe_intermediate_size)
+      .def_readwrite("norm_topk_prob", &ModelConfig::norm_topk_prob)
+      .def_readwrite("decoder_sparse_step", &ModelConfig::decoder_sparse_step)
+      .def_readwrite("mlp_only_layers", &ModelConfig::mlp_only_layers)
+      .def_readwrite("first_k_dense_replace", &ModelConfig::first_k_dense_replace)
+      .def_readwrite("n_shared_experts", &ModelConfig::n_shared_experts)
+      .def("validate", &ModelConfig::validate)
+      .def(
+          "mlp_layout",
+          [](const ModelConfig& c) {
+            std::vector<std::string> kinds;
+            for (models::MlpKind k : models::mlp_layout(c)) kinds.emplace_back(models::mlp_kind_name(k));
+            return kinds;
+          },
+          "One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.");
+  m.def(
+      "supported_architectures",
+      [] {
+        std::vector<py::dict> out;
+        for (const models::ArchitectureSpec& spec : models::architectures()) {
+          py::dict d;
+          d["model_type"] = spec.model_type;
+          d["architecture"] = spec.architecture;
+          d["attention"] = models::attention_kind_name(spec.attention);
+          d["layout"] = models::layout_rule_name(spec.layout);
+          d["qk_norm"] = spec.qk_norm;
+          out.push_back(std::move(d));
+        }
+        return out;
+      },
+      "The C++ architecture registry (models/architectures.h), for the Python table's agreement test.");
 
   using lora::LoraConfig;
   py::class_<LoraConfig>(m, "LoraConfig")

@@ -1,7 +1,10 @@
-// CausalLM: the shared Qwen3 / Llama 3 decoder stack: embed → layers → final norm → lm_head (LoRA-capable).
+// CausalLM: the shared decoder stack (every registered architecture): embed → layers → final norm → lm_head (LoRA-capable).
 #include "models/causal_lm.h"
 
+#include <algorithm>
+
 #include "common/errors.h"
+#include "models/architectures.h"
 
 namespace skyrl_tx::models {
 namespace {
@@ -20,7 +23,7 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
   BuildContext ctx{store, options.num_slots, options.max_rank};
   embed_tokens_ = store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i)));
+    layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i), i));
   }
   norm_ = std::make_unique<RmsNorm>(store.take("model.norm.weight", {config.hidden_size}), config.rms_norm_eps);
   at::Tensor head = config.tie_word_embeddings
@@ -35,6 +38,8 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
     layers_[i]->collect_lora(str_cat("model.layers.", i), lora_modules_);
   }
   lora_modules_.push_back({"lm_head", LoraGroup::kUnembed, lm_head_.get()});
+  const std::vector<MlpKind> layout = mlp_layout(config_);
+  cuda_graph_capturable_ = std::find(layout.begin(), layout.end(), MlpKind::kMoe) == layout.end();
 }
 
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,

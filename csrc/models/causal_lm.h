@@ -1,4 +1,4 @@
-// CausalLM: the shared Qwen3 / Llama 3 decoder stack: embed → layers → final norm → lm_head (LoRA-capable).
+// CausalLM: the shared decoder stack (every registered architecture): embed → layers → final norm → lm_head (LoRA-capable).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -48,6 +48,9 @@ class CausalLM {
     for (const NamedLoraModule& m : lora_modules_) m.module->prepare_inference(options_.dtype);
   }
   const ModelConfig& config() const { return config_; }
+  /// False when a layer reads device values on the host mid-forward (MoE routing sizes each expert's slice):
+  /// such a model cannot be captured in a CUDA graph, so its decode runs eagerly.
+  bool cuda_graph_capturable() const { return cuda_graph_capturable_; }
   const ModelOptions& options() const { return options_; }
 
  private:
@@ -59,6 +62,7 @@ class CausalLM {
   std::unique_ptr<lora::LoraLinear> lm_head_;  // weight shares storage with embed_tokens_ when tied
   RotaryEmbedding rope_;
   std::vector<NamedLoraModule> lora_modules_;
+  bool cuda_graph_capturable_ = true;
 };
 
 }  // namespace skyrl_tx::models

@@ -1,10 +1,13 @@
-// Decoder building blocks: RMSNorm, grouped-query attention (optional q/k norm), SwiGLU MLP, decoder layer.
+// Decoder building blocks: RMSNorm, the attention and MLP seams (GQA, SwiGLU), and the decoder layer.
 #include "models/layers.h"
 
 #include <cmath>
 
-#include "ops/fused_rmsnorm.h"
+#include "common/errors.h"
+#include "models/architectures.h"
+#include "models/moe.h"
 #include "models/rope.h"
+#include "ops/fused_rmsnorm.h"
 
 namespace skyrl_tx::models {
 
@@ -103,12 +106,12 @@ void Attention::collect_parameters(const std::string& prefix, std::vector<NamedP
 }
 
 SwiGluMlp::SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
-    : gate_proj_(make_lora_linear(ctx, prefix + ".gate_proj", config.intermediate_size, config.hidden_size,
-                                  config.mlp_bias)),
-      up_proj_(make_lora_linear(ctx, prefix + ".up_proj", config.intermediate_size, config.hidden_size,
-                                config.mlp_bias)),
-      down_proj_(make_lora_linear(ctx, prefix + ".down_proj", config.hidden_size, config.intermediate_size,
-                                  config.mlp_bias)) {}
+    : SwiGluMlp(config.hidden_size, config.intermediate_size, config.mlp_bias, ctx, prefix) {}
+
+SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix)
+    : gate_proj_(make_lora_linear(ctx, prefix + ".gate_proj", intermediate, hidden, bias)),
+      up_proj_(make_lora_linear(ctx, prefix + ".up_proj", intermediate, hidden, bias)),
+      down_proj_(make_lora_linear(ctx, prefix + ".down_proj", hidden, intermediate, bias)) {}
 
 at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
   at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
@@ -129,32 +132,53 @@ void SwiGluMlp::collect_parameters(const std::string& prefix, std::vector<NamedP
   }
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
+namespace {
+
+std::unique_ptr<AttentionModule> make_attention(const ModelConfig& config, BuildContext& ctx,
+                                                const std::string& prefix) {
+  switch (find_architecture(config.architecture).attention) {
+    case AttentionKind::kGqa: return std::make_unique<Attention>(config, ctx, prefix);
+  }
+  throw Internal("unknown attention kind");
+}
+
+std::unique_ptr<MlpModule> make_mlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix,
+                                    int64_t index) {
+  switch (mlp_layout(config).at(index)) {
+    case MlpKind::kDense: return std::make_unique<SwiGluMlp>(config, ctx, prefix);
+    case MlpKind::kMoe: return std::make_unique<MoeMlp>(config, ctx, prefix);
+  }
+  throw Internal("unknown MLP kind");
+}
+
+}  // namespace
+
+DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix, int64_t index)
     : input_layernorm_(ctx.weights.take(prefix + ".input_layernorm.weight", {config.hidden_size}),
                        config.rms_norm_eps),
       post_attention_layernorm_(ctx.weights.take(prefix + ".post_attention_layernorm.weight", {config.hidden_size}),
                                 config.rms_norm_eps),
-      self_attn_(config, ctx, prefix + ".self_attn"),
-      mlp_(config, ctx, prefix + ".mlp") {}
+      self_attn_(make_attention(config, ctx, prefix + ".self_attn")),
+      mlp_(make_mlp(config, ctx, prefix + ".mlp", index)) {}
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
-  at::Tensor h = x + self_attn_.forward(input_layernorm_.forward(x), cos, sin, mask, segments, cache, layer);
+  at::Tensor h = x + self_attn_->forward(input_layernorm_.forward(x), cos, sin, mask, segments, cache, layer);
   at::Tensor normed = post_attention_layernorm_.forward(h);
-  return h + mlp_.forward(normed.reshape({-1, normed.size(-1)}), segments).view_as(h);
+  return h + mlp_->forward(normed.reshape({-1, normed.size(-1)}), segments).view_as(h);
 }
 
 void DecoderLayer::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  self_attn_.collect_lora(prefix + ".self_attn", out);
-  mlp_.collect_lora(prefix + ".mlp", out);
+  self_attn_->collect_lora(prefix + ".self_attn", out);
+  mlp_->collect_lora(prefix + ".mlp", out);
 }
 
 void DecoderLayer::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
   out.emplace_back(prefix + ".input_layernorm.weight", input_layernorm_.weight());
-  self_attn_.collect_parameters(prefix + ".self_attn", out);
+  self_attn_->collect_parameters(prefix + ".self_attn", out);
   out.emplace_back(prefix + ".post_attention_layernorm.weight", post_attention_layernorm_.weight());
-  mlp_.collect_parameters(prefix + ".mlp", out);
+  mlp_->collect_parameters(prefix + ".mlp", out);
 }
 
 }  // namespace skyrl_tx::models

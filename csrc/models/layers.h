@@ -1,8 +1,9 @@
-// Decoder building blocks: RMSNorm, grouped-query attention (optional q/k norm), SwiGLU MLP, decoder layer.
+// Decoder building blocks: RMSNorm, the attention and MLP seams (GQA, SwiGLU), and the decoder layer.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,15 +63,37 @@ struct KvCacheView {
   at::Tensor batch_rows;   // decode: int64 [B] = arange(B) (built once per step; computed here when undefined)
 };
 
-class Attention {
+/// The attention seam: one implementation per AttentionKind (models/architectures.h).
+class AttentionModule {
+ public:
+  virtual ~AttentionModule() = default;
+  /// x: [B, T, hidden]; cos/sin: [B, T, head_dim] → [B, T, hidden]. `cache`/`layer`: generation only.
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                             const AttentionMask& mask, const lora::AdapterSegments& segments,
+                             const KvCacheView* cache = nullptr, int64_t layer = 0) const = 0;
+  virtual void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) = 0;
+  virtual void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const = 0;
+};
+
+/// The MLP seam: one implementation per MlpKind (dense SwiGLU here; routed experts in models/moe.h).
+class MlpModule {
+ public:
+  virtual ~MlpModule() = default;
+  /// x: [N, hidden] → [N, hidden]; `segments` covers the N rows.
+  virtual at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const = 0;
+  virtual void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) = 0;
+  virtual void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const = 0;
+};
+
+/// Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and a bias on every projection (optional).
+class Attention : public AttentionModule {
  public:
   Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
-  /// x: [B, T, hidden]; cos/sin: [B, T, head_dim] → [B, T, hidden]. `cache`/`layer`: generation only.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
                      const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
-                     int64_t layer = 0) const;
-  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
+                     int64_t layer = 0) const override;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -78,13 +101,16 @@ class Attention {
   std::vector<RmsNorm> qk_norm_;  // empty, or {q_norm, k_norm} for Qwen3
 };
 
-class SwiGluMlp {
+class SwiGluMlp : public MlpModule {
  public:
+  /// The dense MLP: width config.intermediate_size.
   SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// Any width (an expert: moe_intermediate_size; shared experts: n_shared_experts times that).
+  SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix);
   /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
-  at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const;
-  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out);
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
+  at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
   lora::LoraLinear gate_proj_, up_proj_, down_proj_;
@@ -92,7 +118,8 @@ class SwiGluMlp {
 
 class DecoderLayer {
  public:
-  DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// The MLP kind of layer `index` comes from the registry's layout (mlp_layout).
+  DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix, int64_t index = 0);
   /// Pre-norm residual block. x: [B, T, hidden] → [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
                      const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
@@ -102,8 +129,8 @@ class DecoderLayer {
 
  private:
   RmsNorm input_layernorm_, post_attention_layernorm_;
-  Attention self_attn_;
-  SwiGluMlp mlp_;
+  std::unique_ptr<AttentionModule> self_attn_;
+  std::unique_ptr<MlpModule> mlp_;
 };
 
 /// Builds a LoraLinear from "<prefix>.weight" (+ "<prefix>.bias" when `bias`).

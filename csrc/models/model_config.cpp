@@ -1,14 +1,15 @@
 // Validation of ModelConfig: catches configs the decoder cannot run before any weight is touched.
 #include "models/model_config.h"
 
+#include <algorithm>
+
 #include "common/errors.h"
+#include "models/architectures.h"
 
 namespace skyrl_tx::models {
 
 void ModelConfig::validate() const {
-  SKYRL_TX_CHECK(architecture == "Qwen3ForCausalLM" || architecture == "LlamaForCausalLM", Unimplemented,
-                 "model config: architecture '", architecture,
-                 "' is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM)");
+  (void)find_architecture(architecture);  // throws Unimplemented naming the supported ones
   auto positive = [](const char* field, int64_t value) {
     SKYRL_TX_CHECK(value > 0, InvalidArgument, "model config: ", field, " must be > 0 (got ", value, ")");
   };
@@ -35,6 +36,16 @@ void ModelConfig::validate() const {
                    rope_scaling.low_freq_factor, ", ", rope_scaling.original_max_position_embeddings, ")");
     SKYRL_TX_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor, InvalidArgument,
                    "model config: rope_scaling.high_freq_factor must exceed low_freq_factor");
+  }
+  SKYRL_TX_CHECK(decoder_sparse_step > 0, InvalidArgument, "model config: decoder_sparse_step must be > 0 (got ",
+                 decoder_sparse_step, ")");
+  const std::vector<MlpKind> layout = mlp_layout(*this);
+  if (std::find(layout.begin(), layout.end(), MlpKind::kMoe) != layout.end()) {
+    positive("moe_intermediate_size", moe_intermediate_size);
+    positive("num_experts_per_tok", num_experts_per_tok);
+    SKYRL_TX_CHECK(num_experts_per_tok <= num_experts, InvalidArgument, "model config: num_experts_per_tok (",
+                   num_experts_per_tok, ") must be <= num_experts (", num_experts, ")");
+    SKYRL_TX_CHECK(n_shared_experts >= 0, InvalidArgument, "model config: n_shared_experts must be >= 0");
   }
 }
 

@@ -1,8 +1,9 @@
-// ModelConfig: the architecture hyper-parameters of a Qwen3 / Llama 3 decoder (filled from config.json by Python).
+// ModelConfig: the architecture hyper-parameters of a decoder (Qwen3, Llama 3, Qwen3 MoE; filled from config.json).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace skyrl_tx::models {
 
@@ -16,7 +17,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "Qwen3ForCausalLM" or "LlamaForCausalLM"
+  std::string architecture;  // an HF class in the registry (models/architectures.h), e.g. "Qwen3MoeForCausalLM"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -32,6 +33,15 @@ struct ModelConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   RopeScaling rope_scaling;
+  // Mixture of experts (read only by MoE layers; which layers those are is the registry's layout rule).
+  int64_t num_experts = 0;            // routed experts per MoE layer
+  int64_t num_experts_per_tok = 0;    // top-k
+  int64_t moe_intermediate_size = 0;  // each routed expert's SwiGLU width
+  bool norm_topk_prob = false;        // renormalise the top-k probabilities to sum to 1
+  int64_t decoder_sparse_step = 1;    // qwen3_moe layout
+  std::vector<int64_t> mlp_only_layers;  // qwen3_moe layout: layers forced dense
+  int64_t first_k_dense_replace = 0;  // deepseek_v3 layout
+  int64_t n_shared_experts = 0;       // shared SwiGLU experts, width n_shared_experts * moe_intermediate_size
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   /// Throws InvalidArgument naming the first inconsistent field.

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tx.errors import InvalidArgumentError, UnimplementedError
+from skyrl_tx.models.architectures import BY_ARCHITECTURE, BY_MODEL_TYPE
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
+SUPPORTED_ARCHITECTURES = tuple(BY_ARCHITECTURE)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,15 @@ class DecoderConfig:
     mlp_bias: bool = False
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     eos_token_ids: tuple[int, ...] = ()
+    # Mixture of experts (0 / defaults for dense models); which layers are MoE follows the registry's layout rule.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    first_k_dense_replace: int = 0
+    n_shared_experts: int = 0
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
@@ -63,7 +73,8 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
 
 def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
     architectures = raw.get("architectures") or []
-    architecture = architectures[0] if architectures else ""
+    by_type = BY_MODEL_TYPE.get(raw.get("model_type", ""))
+    architecture = architectures[0] if architectures else (by_type.architecture if by_type else "")
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise UnimplementedError(f"config.json: architecture {architecture!r} is not supported "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -85,15 +96,31 @@ def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             rope_theta=theta,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=BY_ARCHITECTURE[architecture].qk_norm,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             rope_scaling=scaling,
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([eos] if eos is not None else [])),
+            **_moe_fields(raw),
         )
     except KeyError as exc:
         raise InvalidArgumentError(f"config.json: missing required key {exc.args[0]!r}") from exc
+
+
+def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    # Hub configs say num_experts (Qwen3 MoE) or n_routed_experts (DeepSeek); transformers 5 writes num_local_experts.
+    experts = raw.get("num_experts") or raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
+    return {
+        "num_experts": int(experts),
+        "num_experts_per_tok": int(raw.get("num_experts_per_tok") or 0),
+        "moe_intermediate_size": int(raw.get("moe_intermediate_size") or 0),
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", False)),
+        "decoder_sparse_step": int(raw.get("decoder_sparse_step") or 1),
+        "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        "first_k_dense_replace": int(raw.get("first_k_dense_replace") or 0),
+        "n_shared_experts": int(raw.get("n_shared_experts") or 0),
+    }
 
 
 def load_decoder_config(model_dir: Path) -> DecoderConfig:

@@ -40,6 +40,8 @@ class TinyPreset:
     rope_scaling: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
     vocab_target: int = 2048  # BPE training vocab size, before special tokens and rounding
     max_position_embeddings: int = 4096
+    # Extra config.json fields (mixture of experts: num_experts, moe_intermediate_size, ...); unhashable, as above.
+    extra_config: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
 
 
 _LLAMA3_ROPE_SCALING = {
@@ -89,14 +91,26 @@ PRESETS: dict[str, TinyPreset] = {
             rope_scaling=_LLAMA3_ROPE_SCALING,
             max_position_embeddings=131072,  # > original 8192, as in Llama 3.2
         ),
+        # Shaped like Qwen3-30B-A3B (softmax top-k with renormalised weights, no shared experts), with one dense
+        # layer first (mlp_only_layers) so both MLP kinds of the layout are exercised.
+        dataclasses.replace(
+            _TINY_QWEN3,
+            name="tiny-qwen3-moe",
+            architecture="Qwen3MoeForCausalLM",
+            num_hidden_layers=3,
+            seed=3,
+            extra_config={"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                          "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [0]},
+        ),
     )
 }
 
 
 def _build_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
-    config_cls = {"qwen3": Qwen3Config, "llama3": LlamaConfig}[preset.family]
+    config_cls = {"Qwen3ForCausalLM": Qwen3Config, "LlamaForCausalLM": LlamaConfig,
+                  "Qwen3MoeForCausalLM": Qwen3MoeConfig}[preset.architecture]
     return config_cls(
         architectures=[preset.architecture],
         vocab_size=vocab_size,
@@ -111,6 +125,7 @@ def _build_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int 
         rms_norm_eps=preset.rms_norm_eps,
         rope_theta=preset.rope_theta,
         rope_scaling=dict(preset.rope_scaling) if preset.rope_scaling else None,
+        **(preset.extra_config or {}),
         **token_ids,
     )
 
@@ -138,6 +153,8 @@ def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:
     data = json.loads(config_path.read_text())
     data["rope_theta"] = preset.rope_theta
     data["rope_scaling"] = dict(preset.rope_scaling) if preset.rope_scaling else None
+    # transformers 5 renames some MoE keys (num_experts → num_local_experts); hub checkpoints use the originals.
+    data.update(preset.extra_config or {})
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

@@ -1,0 +1,77 @@
+// The architecture registry: Hugging Face model_type / class → attention kind, MLP layout rule, q/k norm.
+#include "models/architectures.h"
+
+#include <algorithm>
+
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+
+const std::vector<ArchitectureSpec>& architectures() {
+  static const std::vector<ArchitectureSpec> specs{
+      {"qwen3", "Qwen3ForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/true},
+      {"llama", "LlamaForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/false},
+      {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionKind::kGqa, LayoutRule::kSparseStep, /*qk_norm=*/true},
+  };
+  return specs;
+}
+
+const ArchitectureSpec& find_architecture(const std::string& architecture) {
+  for (const ArchitectureSpec& spec : architectures()) {
+    if (spec.architecture == architecture) return spec;
+  }
+  std::string supported;
+  for (const ArchitectureSpec& spec : architectures()) supported += (supported.empty() ? "" : ", ") + spec.architecture;
+  throw Unimplemented(str_cat("model config: architecture '", architecture, "' is not supported (supported: ",
+                              supported, ")"));
+}
+
+std::vector<MlpKind> mlp_layout(const ModelConfig& config) {
+  const ArchitectureSpec& spec = find_architecture(config.architecture);
+  std::vector<MlpKind> kinds(config.num_hidden_layers, MlpKind::kDense);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    switch (spec.layout) {
+      case LayoutRule::kAllDense:
+        break;
+      case LayoutRule::kSparseStep: {
+        const auto& dense = config.mlp_only_layers;
+        const bool forced_dense = std::find(dense.begin(), dense.end(), i) != dense.end();
+        // transformers' Qwen3MoeDecoderLayer: num_experts > 0 and (i + 1) % decoder_sparse_step == 0.
+        if (!forced_dense && config.num_experts > 0 && (i + 1) % config.decoder_sparse_step == 0) {
+          kinds[i] = MlpKind::kMoe;
+        }
+        break;
+      }
+      case LayoutRule::kFirstKDense:
+        if (i >= config.first_k_dense_replace) kinds[i] = MlpKind::kMoe;
+        break;
+    }
+  }
+  return kinds;
+}
+
+const char* attention_kind_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kGqa: return "gqa";
+  }
+  return "?";
+}
+
+const char* layout_rule_name(LayoutRule rule) {
+  switch (rule) {
+    case LayoutRule::kAllDense: return "all_dense";
+    case LayoutRule::kSparseStep: return "sparse_step";
+    case LayoutRule::kFirstKDense: return "first_k_dense";
+  }
+  return "?";
+}
+
+const char* mlp_kind_name(MlpKind kind) {
+  switch (kind) {
+    case MlpKind::kDense: return "dense";
+    case MlpKind::kMoe: return "moe";
+  }
+  return "?";
+}
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,107 @@
+// MoeMlp: a routed mixture of SwiGLU experts (softmax top-k router; optional shared experts), LoRA on every expert.
+#include "models/moe.h"
+
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+
+MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
+    : top_k_(config.num_experts_per_tok),
+      norm_topk_prob_(config.norm_topk_prob),
+      gate_(ctx.weights.take(prefix + ".gate.weight", {config.num_experts, config.hidden_size})) {
+  experts_.reserve(config.num_experts);
+  for (int64_t e = 0; e < config.num_experts; ++e) {
+    experts_.push_back(std::make_unique<SwiGluMlp>(config.hidden_size, config.moe_intermediate_size, false, ctx,
+                                                   str_cat(prefix, ".experts.", e)));
+  }
+  if (config.n_shared_experts > 0) {
+    shared_ = std::make_unique<SwiGluMlp>(config.hidden_size, config.n_shared_experts * config.moe_intermediate_size,
+                                          false, ctx, prefix + ".shared_experts");
+  }
+}
+
+ExpertRouting MoeMlp::route(const at::Tensor& x) const {
+  const int64_t experts = num_experts();
+  at::Tensor logits = at::linear(x, gate_);              // [N, E]
+  at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // [N, E] float32, as transformers does
+  auto [top_w, top_i] = at::topk(probs, top_k_, -1);       // [N, k]
+  if (norm_topk_prob_) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
+  top_w = top_w.to(logits.scalar_type());
+  // Stable sort keeps each expert's tokens in row order: adapter segments stay contiguous inside each expert.
+  auto [sorted_expert, order] = at::sort(top_i.reshape({-1}), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  ExpertRouting r;
+  r.token = at::floor_divide(order, top_k_);                   // [N * k]
+  r.weight = top_w.reshape({-1}).index_select(0, order);     // [N * k]
+  // The one host sync of an MoE layer: the loop below needs each expert's slice length.
+  at::Tensor count = at::bincount(sorted_expert, {}, experts).cpu();  // [E]
+  r.count.assign(count.data_ptr<int64_t>(), count.data_ptr<int64_t>() + experts);
+  return r;
+}
+
+lora::AdapterSegments expert_segments(const lora::AdapterSegments& segments, const at::Tensor& token,
+                                      const int64_t* per_segment) {
+  const int64_t n = token.size(0);
+  if (segments.row_dense()) return lora::AdapterSegments::row_dense(segments.slot_columns().index_select(0, token));
+  if (segments.only_base()) return lora::AdapterSegments::uniform(0, n);
+  std::vector<lora::Segment> out;
+  int64_t begin = 0;
+  for (size_t s = 0; s < segments.segments().size(); ++s) {
+    if (per_segment[s] == 0) continue;
+    out.push_back({segments.segments()[s].slot, begin, per_segment[s]});
+    begin += per_segment[s];
+  }
+  SKYRL_TX_INTERNAL_ASSERT(begin == n, "expert segments must cover the expert's tokens");
+  return lora::AdapterSegments(std::move(out));
+}
+
+at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
+  const int64_t experts = num_experts();
+  ExpertRouting r = route(x);
+  // Segmented LoRA batches: how many of each expert's tokens fall in each adapter segment ([E, S] on the host).
+  const auto& segs = segments.segments();
+  const bool per_segment = !segments.row_dense() && !segments.only_base();
+  std::vector<int64_t> seg_counts;
+  if (per_segment) {
+    std::vector<int64_t> seg_of_row(x.size(0));
+    for (size_t s = 0; s < segs.size(); ++s) {
+      SKYRL_TX_INTERNAL_ASSERT(s == 0 || segs[s].begin >= segs[s - 1].begin, "segments must be in row order");
+      std::fill_n(seg_of_row.begin() + segs[s].begin, segs[s].length, static_cast<int64_t>(s));
+    }
+    const int64_t num_segs = static_cast<int64_t>(segs.size());
+    at::Tensor seg_of_token =
+        at::tensor(seg_of_row, at::TensorOptions().dtype(at::kLong)).to(x.device()).index_select(0, r.token);
+    at::Tensor expert_of_pair = at::repeat_interleave(
+        at::arange(experts, r.token.options()), at::tensor(r.count, at::kLong).to(x.device()));  // [N * k]
+    at::Tensor count = at::bincount(expert_of_pair * num_segs + seg_of_token, {}, experts * num_segs).cpu();
+    seg_counts.assign(count.data_ptr<int64_t>(), count.data_ptr<int64_t>() + experts * num_segs);
+  }
+  at::Tensor xs = x.index_select(0, r.token);  // [N * k, hidden], grouped by expert
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = r.count[e];
+    if (n == 0) continue;
+    at::Tensor token = r.token.narrow(0, offset, n);
+    lora::AdapterSegments expert_segs =
+        expert_segments(segments, token, per_segment ? &seg_counts[e * segs.size()] : nullptr);
+    outs.push_back(experts_[e]->forward(xs.narrow(0, offset, n), expert_segs));  // [n, hidden]
+    offset += n;
+  }
+  at::Tensor out = at::zeros_like(x);  // [N, hidden]
+  if (!outs.empty()) out = out.index_add(0, r.token, at::cat(outs) * r.weight.unsqueeze(1));
+  if (shared_) out = out + shared_->forward(x, segments);
+  return out;
+}
+
+void MoeMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
+  for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_lora(str_cat(prefix, ".experts.", e), out);
+  if (shared_) shared_->collect_lora(prefix + ".shared_experts", out);
+}
+
+void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  out.emplace_back(prefix + ".gate.weight", gate_);
+  for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_parameters(str_cat(prefix, ".experts.", e), out);
+  if (shared_) shared_->collect_parameters(prefix + ".shared_experts", out);
+}
+
+}  // namespace skyrl_tx::models

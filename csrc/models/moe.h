@@ -1,0 +1,53 @@
+// MoeMlp: a routed mixture of SwiGLU experts (softmax top-k router; optional shared experts), LoRA on every expert.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layers.h"
+
+namespace skyrl_tx::models {
+
+/// Which expert each token goes to, grouped by expert (what the expert loop consumes).
+struct ExpertRouting {
+  at::Tensor token;            // int64 [N * k]: the token of each (token, choice) pair, sorted by expert (stable)
+  at::Tensor weight;           // [N * k] in the activation dtype: that pair's routing weight (differentiable)
+  std::vector<int64_t> count;  // [E] on the host: pairs per expert (sum = N * k)
+};
+
+/// Routes each token to top-k experts and sums their outputs weighted by the router's probabilities. No token is
+/// ever dropped (no capacity factor). Experts run one matmul chain per non-empty expert over a contiguous slice of
+/// the expert-sorted tokens, and the weighted results are scattered back with one index_add (Fedus et al. 2021
+/// without capacity; transformers' Qwen3MoeSparseMoeBlock computes the same sum).
+class MoeMlp : public MlpModule {
+ public:
+  /// HF names: "<prefix>.gate.weight" [E, hidden], "<prefix>.experts.<e>.{gate,up,down}_proj.weight",
+  /// and "<prefix>.shared_experts.*" when config.n_shared_experts > 0.
+  MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// x: [N, hidden] → [N, hidden].
+  at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
+  /// Softmax over all experts in float32, top-k, optional renormalisation (Qwen3MoeTopKRouter).
+  ExpertRouting route(const at::Tensor& x) const;
+  /// Expert LoRA modules are in group kMlp; the router is not LoRA-adapted (full fine-tuning trains it).
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
+  int64_t num_experts() const { return static_cast<int64_t>(experts_.size()); }
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_prob_;
+  at::Tensor gate_;  // [E, hidden] router weight
+  std::vector<std::unique_ptr<SwiGluMlp>> experts_;
+  std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
+};
+
+/// The adapter segments of one expert's slice of the expert-sorted tokens. `segments` covers the N tokens in
+/// row order; `token` [n_e] are that expert's tokens in increasing order (so each adapter's tokens stay
+/// contiguous) and `per_segment` [num segments] counts how many of them fall in each of `segments`' segments.
+lora::AdapterSegments expert_segments(const lora::AdapterSegments& segments, const at::Tensor& token,
+                                      const int64_t* per_segment);
+
+}  // namespace skyrl_tx::models
