@@ -209,7 +209,7 @@ def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, se
         client.models.retrieve("no-such-model")
     cases = [({"frequency_penalty": 0.5}, "frequency_penalty"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
              ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"), ({"temperature": -1}, "temperature"),
-             ({"n": 0}, "n")]
+             ({"n": 0}, "n"), ({"n": 17}, "n")]  # 17: above max_sampling_sequences (16)
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=2, **fields)

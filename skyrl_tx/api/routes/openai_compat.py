@@ -63,6 +63,12 @@ def _openai_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[
     return wrapped
 
 
+def _check_n(request: Request, n: int) -> None:
+    most = request.app.state.settings.backend.max_sampling_sequences
+    if n > most:
+        raise invalid(f"n must be at most {most} here (max_sampling_sequences in --backend-config; got {n})", "n")
+
+
 def _max_tokens(request: Request, asked: int | None, asked_name: str, prompt_length: int, prompt_name: str) -> int:
     """max_tokens as asked, or (chat without a limit) what is left of the sampling length after the prompt."""
     room = min(request.app.state.settings.backend.max_sampling_length, request.app.state.max_positions)
@@ -109,6 +115,7 @@ def _chat_prompt(text: ModelText, body: ChatBody) -> list[int]:
 async def completions(request: Request) -> Response:
     body = parse(CompletionBody, await _body(request))
     spec = completion_spec(body)
+    _check_n(request, spec.n)
     raw_prompts = prompts_of(body)
     text = await model_text(request)
     prompts = await asyncio.to_thread(_tokenize_prompts, text, raw_prompts)
@@ -125,6 +132,7 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatBody, await _body(request))
     spec = chat_spec(body)
+    _check_n(request, spec.n)
     text = await model_text(request)
     prompt = await asyncio.to_thread(_chat_prompt, text, body)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
