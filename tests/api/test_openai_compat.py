@@ -286,3 +286,21 @@ def test_openai_and_tinker_requests_share_the_batch_without_mixing_up(client: op
         theirs = [pool.submit(tinker_greedy, base_sampler, p, 10) for p in prompts]
         assert [f.result().choices[0].text for f in ours] == alone
         assert [hf_tokenizer.decode(without_eos(f.result(), eos)[0], skip_special_tokens=True) for f in theirs] == alone
+
+
+def test_stream_deltas_join_to_the_text_through_multibyte_characters(tiny_model_dir: Any) -> None:
+    """Byte-level tokens split UTF-8 characters: a delta never carries half of one, and the deltas of a completion
+    cut at a stop string join to exactly the cut text."""
+    from skyrl_tx.api.openai_text import ModelText, cut_completion, text_deltas
+
+    text = ModelText(tiny_model_dir(BASE_MODEL))
+    sentence = "Emoji: 😀 🎉 敏捷的棕色狐狸 café — done."
+    tokens = text.encode(sentence)
+    deltas = text_deltas(text, tokens, sentence)
+    assert "".join(deltas) == sentence and len(deltas) == len(tokens)
+    assert not any("\ufffd" in d for d in deltas)
+    assert any(d == "" for d in deltas), "no token split a character: the case above is not exercised"
+    kept, cut, reason = cut_completion(text, tokens, "stop", ["狐狸"], set())
+    assert (cut, reason, kept) == ("Emoji: 😀 🎉 敏捷的棕色", "stop", tokens)
+    assert "".join(text_deltas(text, kept, cut)) == cut
+    assert cut_completion(text, tokens, "length", ["狐狸"], set())[1:] == (sentence, "length")
