@@ -74,3 +74,12 @@ class MergedLoraModel(torch.nn.Module):
 
 def expert_factor_names(state: dict[str, torch.Tensor]) -> list[str]:
     return [k for k in state if ".mlp.experts." in k]
+
+
+@torch.no_grad()
+def merge_into(hf: torch.nn.Module, factors: dict[str, torch.Tensor], scale: float) -> torch.nn.Module:
+    """`hf` with the adapter merged into its weights in place (a plain HF model again: generate() works)."""
+    params = dict(hf.named_parameters())
+    for name, value in merged_parameters(hf, module_deltas(factors, scale)).items():
+        params[name].copy_(value)
+    return hf
