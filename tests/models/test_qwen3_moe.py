@@ -192,3 +192,23 @@ def test_merged_reference_is_not_the_base(hf: torch.nn.Module) -> None:
     diff = merged["model.layers.1.mlp.experts.gate_up_proj"] - fused
     assert torch.allclose(diff[3, 32:], delta) and not diff[3, :32].any() and not diff[:3].any()
 
+
+
+def test_merged_export_with_expert_adapters_loads_in_transformers(backend: NativeBackend, tmp_path: Path) -> None:
+    """The PEFT-layout adapter (per-expert names) merges into the checkpoint's per-expert weights; transformers
+    loads the merged directory and gives our adapter's logprobs."""
+    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
+    from skyrl_tx.checkpoints.merge import merge_adapter
+
+    random_adapter(backend, "export", seed=61)
+    try:
+        (tmp_path / "adapter").mkdir()
+        write_directory(tmp_path / "adapter", adapter_files(ModelMeta(str(backend.model_dir), RANK, ALPHA),
+                                                            backend.adapter_state_dict("export")))
+        merged = merge_adapter(backend.model_dir, tmp_path / "adapter", tmp_path / "merged")
+        assert "model.layers.2.mlp.experts.7.down_proj" in merged
+        seq = seqs_of(backend.decoder_config.vocab_size, [40], seed=62)[0]
+        (got,) = ours(backend, [seq], ["export"])
+        assert_close(got, hf_token_logprobs(load_hf_model(tmp_path / "merged"), seq), ATOL)
+    finally:
+        backend.remove_model("export")
