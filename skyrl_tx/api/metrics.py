@@ -84,6 +84,8 @@ class Metrics:
         self.snapshots_max = Gauge("skyrl_tx_sampler_snapshots_max_resident", "LoRA sampler snapshots kept in "
                                    "device slots before older ones move to host memory (max_resident_snapshots)",
                                    registry=r)
+        self.engine_started = Gauge("skyrl_tx_engine_start_time_seconds", "When the engine that reports now "
+                                    "started (Unix time): a change is an engine restart", registry=r)
         self.stats_at: float | None = None  # monotonic time of the engine's last stats report
         self._engine_run: str | None = None
         self._engine_totals: dict[str, int] = {}
@@ -97,7 +99,7 @@ class Metrics:
 
     # ---- inputs -------------------------------------------------------------------------------------------------
     def _on_database_error(self, context: Any) -> None:
-        if counts_as_database_error(context.original_exception):
+        if counts_as_database_error(context):
             self.database_errors.labels("api").inc()
 
     def observe_outcomes(self, outcomes: Iterable[FutureOutcome]) -> None:
@@ -113,6 +115,8 @@ class Metrics:
         self.stats_at = time.monotonic()
         if stats.get("run") != self._engine_run:  # a new engine: its totals start from 0
             self._engine_run, self._engine_totals = stats.get("run"), {}
+            if isinstance(stats.get("started_at"), (int, float)):
+                self.engine_started.set(stats["started_at"])
         for name in ENGINE_TOTALS:
             value = stats.get(name)
             if not isinstance(value, int):

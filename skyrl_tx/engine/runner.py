@@ -38,6 +38,7 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
     loop.checkpointer.saves.on_done = wake.set  # a save written on the worker is stored at the next step
     loop.arrived = wake.is_set  # owed decode steps stop early for a new request, so it joins the batch at once
     loop.recover()
+    loop.stats.recovered()  # the replay's compute is not counted as tokens trained
     on_ready()
     next_sweep = time.monotonic() + SWEEP_EVERY_S
     scan, last_scan = True, 0.0

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 REPORT_EVERY_S = 1.0
 MAX_TRACKED = 100_000  # claimed futures whose start time is kept; a bound against a leak, never reached in use
@@ -20,10 +20,11 @@ MAX_TRACKED = 100_000  # claimed futures whose start time is kept; a bound again
 StatsSink = Callable[[dict[str, Any]], None]
 
 
-def counts_as_database_error(exc: BaseException | None) -> bool:
-    """A DBAPI error that is not an integrity error: those are the normal path of idempotent retries (a second
-    insert of the same future id), not a database problem."""
-    return exc is not None and not isinstance(exc, IntegrityError)
+def counts_as_database_error(context: Any) -> bool:
+    """Of a SQLAlchemy handle_error context: a DBAPI error that is not an integrity error (those are the normal path
+    of idempotent retries, a second insert of the same future id, not a database problem)."""
+    exc = context.sqlalchemy_exception
+    return isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError)
 
 
 class CountingBackend:
@@ -102,6 +103,7 @@ class EngineStats:
         self._started: dict[str, datetime] = {}
         self._next_report = 0.0
         self.run = os.urandom(4).hex()  # tells the API a restarted engine (its totals start again from 0)
+        self.started_at = time.time()
         self.database_errors = 0
         if database is not None:
             event.listen(database, "handle_error", self._on_database_error)
@@ -114,7 +116,7 @@ class EngineStats:
         return cls(loop.backend, loop.database, getattr(loop.notify, "report_stats", None))
 
     def _on_database_error(self, context: Any) -> None:
-        if counts_as_database_error(context.original_exception):
+        if counts_as_database_error(context):
             self.database_errors += 1
 
     def started(self, futures: Sequence[Any], now: datetime) -> None:
@@ -132,7 +134,8 @@ class EngineStats:
 
     def snapshot(self) -> dict[str, Any]:
         s = self._settings
-        stats: dict[str, Any] = {"run": self.run, "database_errors": self.database_errors}
+        stats: dict[str, Any] = {"run": self.run, "started_at": self.started_at,
+                                 "database_errors": self.database_errors}
         b = self.backend
         if b is not None:
             lora = sum(1 for is_lora in b.models.values() if is_lora)
@@ -148,6 +151,11 @@ class EngineStats:
                 "tokens_trained": b.tokens_trained, "tokens_sampled": b.tokens_sampled,
             })
         return stats
+
+    def recovered(self) -> None:
+        """After the start-up replay (engine/replay.py): what it recomputed was counted by the engine before."""
+        if self.backend is not None:
+            self.backend.tokens_trained = self.backend.tokens_sampled = 0
 
     def maybe_report(self) -> None:
         """Called on every iteration of the engine loop: a clock read, and a report once a second."""

@@ -120,3 +120,88 @@ def test_counters_move_by_exactly_the_requests_sent(tinker_env: str, service_cli
     assert delta(after, "skyrl_tx_database_errors_total", process="api") == 0
     assert delta(after, "skyrl_tx_database_errors_total", process="engine") == 0
 
+
+
+def test_an_engine_restart_is_counted_and_totals_stay_monotonic(preset_cache: Any) -> None:
+    """kill -9 of the engine: the restart counter moves by one, the new engine's report rebuilds the slot gauge from
+    the models it recovered, and tokens trained before the kill are not lost from the total."""
+    import os
+    import signal
+
+    from live_server import live_server
+    import tinker
+
+    with live_server(backend_config={"max_lora_adapters": MAX_ADAPTERS}) as url:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TINKER_BASE_URL", url)
+            mp.setenv("TINKER_API_KEY", "tml-test")
+            mp.setenv("TINKER_TELEMETRY", "0")
+            with tinker.ServiceClient() as service:
+                training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=9).result()
+                batch = [datum([5, 17, 300, 42, 7])]
+                training.forward_backward(batch, "cross_entropy").result()
+                before = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") == 4
+                                  and value(s, "skyrl_tx_adapter_slots", state="used") == 1)
+                assert value(before, "skyrl_tx_tokens_trained_total") == 4
+                assert value(before, "skyrl_tx_engine_restarts_total") == 0
+
+                pid = httpx.get(url + "/api/v1/healthz").json()["engine_pid"]
+                os.kill(pid, signal.SIGKILL)
+                started = value(before, "skyrl_tx_engine_start_time_seconds")
+                assert started > 0
+                after = wait_for(url, lambda s: value(s, "skyrl_tx_engine_start_time_seconds") > started
+                                 and value(s, "skyrl_tx_adapter_slots", state="used") == 1)  # the new engine's report
+                assert value(after, "skyrl_tx_engine_start_time_seconds") > started
+                assert value(after, "skyrl_tx_engine_restarts_total") == 1
+                assert httpx.get(url + "/api/v1/healthz").json()["engine_pid"] != pid
+                # the model was rebuilt by replaying its forward_backward, which is not counted again; the new
+                # engine's tokens add to the total from before the kill
+                assert value(after, "skyrl_tx_tokens_trained_total") == 4
+                training.forward_backward(batch, "cross_entropy").result()
+                final = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") >= 8)
+                assert value(final, "skyrl_tx_tokens_trained_total") == 8
+                assert value(final, "skyrl_tx_requests_total", type="forward_backward", outcome="ok") == 2
+                assert value(final, "skyrl_tx_adapter_slots", state="used") == 1
+
+
+def test_queue_depth_and_database_errors_read_the_database(tmp_path: Any) -> None:
+    """Against a real migrated database: queue depth counts unfinished requests by type and state; a failing
+    statement counts as a database error, a duplicate insert (an idempotent retry's path) does not."""
+    from prometheus_client import generate_latest
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from skyrl_tx.api.metrics import Metrics
+    from skyrl_tx.db import future_queries, migrate
+    from skyrl_tx.db.session import make_engine
+
+    url = f"sqlite:///{tmp_path / 'metrics.sqlite'}"
+    migrate.upgrade(url)
+    database = make_engine(url)
+    metrics = Metrics(database)
+
+    def row(id_: str, request_type: str, status: str) -> dict[str, Any]:
+        return {"id": id_, "request_type": request_type, "request": {}, "request_hash": "h", "status": status}
+
+    with database.begin() as db:
+        db.execute(future_queries.INSERT_FUTURE, [row("a", "forward_backward", "pending"),
+                                                  row("b", "forward_backward", "pending"),
+                                                  row("c", "sample", "running"), row("d", "optim_step", "completed")])
+
+    def samples() -> Samples:
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for f in text_string_to_metric_families(generate_latest(metrics.registry).decode()) for s in f.samples}
+
+    got = samples()
+    assert value(got, "skyrl_tx_queue_depth", type="forward_backward", state="pending") == 2
+    assert value(got, "skyrl_tx_queue_depth", type="sample", state="running") == 1
+    assert value(got, "skyrl_tx_queue_depth", type="optim_step") == 0
+    assert value(got, "skyrl_tx_database_errors_total", process="api") == 0
+
+    with pytest.raises(IntegrityError), database.begin() as db:
+        db.execute(future_queries.INSERT_FUTURE, row("a", "forward_backward", "pending"))
+    assert value(samples(), "skyrl_tx_database_errors_total", process="api") == 0
+    with pytest.raises(OperationalError), database.connect() as db:
+        db.execute(text("SELECT * FROM no_such_table"))
+    assert value(samples(), "skyrl_tx_database_errors_total", process="api") == 1
+    database.dispose()
