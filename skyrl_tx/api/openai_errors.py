@@ -17,9 +17,10 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 class OpenAIError(Exception):
     """A request the endpoint refuses: `param` names the offending field (None when no single field is at fault)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.retry_after_s = status, message, param, retry_after_s
         self.code = code or ("model_not_found" if status == 404 and param == "model" else None)
 
 
@@ -38,12 +39,14 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_json(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status,
+                        headers=headers)
 
 
 def from_skyrl(exc: SkyrlTxError, param: str | None = None) -> OpenAIError:
     """A typed skyrl_tx error (raised in the API or stored by the engine) as the OpenAI shape, same status."""
-    return OpenAIError(exc.http_status, exc.message, param, exc.code.value)
+    return OpenAIError(exc.http_status, exc.message, param, exc.code.value, getattr(exc, "retry_after_s", None))
 
 
 def from_future_error(error: dict[str, Any] | None) -> OpenAIError:

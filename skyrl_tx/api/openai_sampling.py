@@ -12,13 +12,14 @@ from sqlalchemy import select
 
 from skyrl_tx.api.openai_errors import OpenAIError, from_future_error, from_skyrl
 from skyrl_tx.api.openai_schemas import SamplingSpec
+from skyrl_tx.api.ownership import check_inflight, readable_checkpoint
+from skyrl_tx.api.principal import Principal
 from skyrl_tx.api.submit import submit_future
-from skyrl_tx.checkpoints.catalog import ready_checkpoint
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import RESULT_IN_DATABASE
-from skyrl_tx.db.models import CheckpointKind, CheckpointRecord, CheckpointStatus, FutureStatus
+from skyrl_tx.db.models import CheckpointKind, CheckpointRecord, CheckpointStatus, FutureStatus, ModelRecord
 from skyrl_tx.errors import SkyrlTxError
 
 RECHECK_S = 1.0  # safety net only: results normally arrive by notification (as in retrieve_future)
@@ -30,9 +31,10 @@ def _not_found(model: str) -> OpenAIError:
                             "(GET /models) or a tinker://…/sampler_weights/… checkpoint path", "model")
 
 
-def resolve_weights(request: Request, model: str) -> str:
+def resolve_weights(request: Request, model: str, who: Principal) -> str:
     """The engine's weights id for `model`: "" for the base model (or an alias), the tinker:// path of a ready
-    sampler checkpoint (the engine loads it as create_sampling_session(model_path=…) does). Runs in a thread."""
+    sampler checkpoint `who` may read (its own or a published one: another key's is "not found"); the engine loads
+    it as create_sampling_session(model_path=…) does. Runs in a thread."""
     settings = request.app.state.settings
     if settings.serves(model):
         return ""
@@ -47,7 +49,7 @@ def resolve_weights(request: Request, model: str) -> str:
                                "(tinker://…/sampler_weights/…, written by save_weights_for_sampler)", "model")
     with request.app.state.session_factory() as db:
         try:
-            record = ready_checkpoint(db, path, "model")
+            record = readable_checkpoint(db, path, who, "model")
         except SkyrlTxError:
             raise _not_found(model) from None
         if not settings.serves(ModelMeta.from_json(record.model_meta).base_model):
@@ -55,19 +57,25 @@ def resolve_weights(request: Request, model: str) -> str:
     return str(path)
 
 
-def sampler_checkpoints(request: Request) -> list[tuple[str, str, float]]:
-    """(tinker path, base model, created unix time) of every ready sampler checkpoint. Runs in a thread."""
+def sampler_checkpoints(request: Request, who: Principal) -> list[tuple[str, str, float]]:
+    """(tinker path, base model, created unix time) of every ready sampler checkpoint `who` may read: its own
+    (through their models) and published ones, as readable_checkpoint decides for one. Runs in a thread."""
+    query = (select(CheckpointRecord.tinker_path, CheckpointRecord.model_meta, CheckpointRecord.created_at,
+                    CheckpointRecord.public, ModelRecord.owner_key_id)
+             .join(ModelRecord, ModelRecord.id == CheckpointRecord.model_id)
+             .where(CheckpointRecord.kind == CheckpointKind.SAMPLER_WEIGHTS.value,
+                    CheckpointRecord.status == CheckpointStatus.READY.value)
+             .order_by(CheckpointRecord.created_at))
     with request.app.state.session_factory() as db:
-        rows = db.execute(select(CheckpointRecord.tinker_path, CheckpointRecord.model_meta, CheckpointRecord.created_at)
-                          .where(CheckpointRecord.kind == CheckpointKind.SAMPLER_WEIGHTS.value,
-                                 CheckpointRecord.status == CheckpointStatus.READY.value)
-                          .order_by(CheckpointRecord.created_at)).all()
-    return [(path, ModelMeta.from_json(meta).base_model if meta else request.app.state.settings.base_model,
-             created.timestamp()) for path, meta, created in rows]
+        rows = db.execute(query).all()
+    base = request.app.state.settings.base_model
+    return [(path, ModelMeta.from_json(meta).base_model if meta else base, created.timestamp())
+            for path, meta, created, public, owner in rows if public or who.sees(owner)]
 
 
-def _submit_all(request: Request, jobs: list[tuple[str, dict[str, Any]]]) -> None:
+def _submit_all(request: Request, jobs: list[tuple[str, dict[str, Any]]], who: Principal) -> None:
     with request.app.state.database.connect() as db:
+        check_inflight(db, who)  # the key's quota counts its Tinker requests (these futures have no owner row)
         for future_id, job in jobs:
             submit_future(request, db, future_id=future_id, request_type="sample", body=job)
 
@@ -77,7 +85,7 @@ def _load(request: Request, future_id: str) -> Any:
         return db.execute(future_queries.OUTCOME, {"id_": future_id}).one_or_none()
 
 
-async def sample(request: Request, spec: SamplingSpec, weights_id: str,
+async def sample(request: Request, who: Principal, spec: SamplingSpec, weights_id: str,
                  prompts: list[list[int]], max_tokens: list[int]) -> list[dict[str, Any]]:
     """The engine's sample results ({"sequences": [{tokens, logprobs, stop_reason}]}), one per prompt, each from
     a `sample` future of num_samples = n (what asample stores). Waits on the engine's notification."""
@@ -92,7 +100,7 @@ async def sample(request: Request, spec: SamplingSpec, weights_id: str,
         jobs.append((f"oai-{uuid.uuid4().hex}", job))
     registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish
     try:
-        await asyncio.to_thread(_submit_all, request, jobs)
+        await asyncio.to_thread(_submit_all, request, jobs, who)
         return [await _wait(request, future_id, waiter) for future_id, waiter in registered]
     finally:
         for future_id, waiter in registered:

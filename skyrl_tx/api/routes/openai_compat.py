@@ -24,6 +24,7 @@ from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkp
 from skyrl_tx.api.openai_schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
                                          prompts_of)
 from skyrl_tx.api.openai_text import ModelText
+from skyrl_tx.api.principal import caller
 from skyrl_tx.errors import SkyrlTxError
 
 PREFIXES = ("/oai/api/v1", "/v1")
@@ -119,9 +120,10 @@ async def completions(request: Request) -> Response:
     raw_prompts = prompts_of(body)
     text = await model_text(request)
     prompts = await asyncio.to_thread(_tokenize_prompts, text, raw_prompts)
-    weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
+    who = await caller(request)
+    weights_id = await asyncio.to_thread(resolve_weights, request, body.model, who)
     limits = [_max_tokens(request, spec.params["max_tokens"], "max_tokens", len(p), "prompt") for p in prompts]
-    results = await sample(request, spec, weights_id, prompts, limits)
+    results = await sample(request, who, spec, weights_id, prompts, limits)
     picked = await asyncio.to_thread(render.choices, text, spec, results)
     lengths = [len(p) for p in prompts]
     return await _respond(spec, lambda: render.completion_chunks(text, spec, body.model, picked, lengths),
@@ -135,9 +137,10 @@ async def chat_completions(request: Request) -> Response:
     _check_n(request, spec.n)
     text = await model_text(request)
     prompt = await asyncio.to_thread(_chat_prompt, text, body)
-    weights_id = await asyncio.to_thread(resolve_weights, request, body.model)
+    who = await caller(request)
+    weights_id = await asyncio.to_thread(resolve_weights, request, body.model, who)
     limit = _max_tokens(request, spec.params["max_tokens"], spec.max_tokens_name, len(prompt), "messages")
-    (result,) = await sample(request, spec, weights_id, [prompt], [limit])
+    (result,) = await sample(request, who, spec, weights_id, [prompt], [limit])
     picked = await asyncio.to_thread(render.choices, text, spec, [result])
     return await _respond(spec, lambda: render.chat_chunks(text, spec, body.model, picked, len(prompt)),
                           lambda: render.chat_completion(text, spec, body.model, picked, len(prompt)))
@@ -149,7 +152,7 @@ async def _model_list(request: Request) -> list[dict[str, Any]]:
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "skyrl_tx", "root": settings.base_model,
              "parent": None} for name in (settings.base_model, *settings.model_aliases)]
-    for path, base, when in await asyncio.to_thread(sampler_checkpoints, request):
+    for path, base, when in await asyncio.to_thread(sampler_checkpoints, request, await caller(request)):
         data.append({"id": path, "object": "model", "created": int(when), "owned_by": "skyrl_tx", "root": base,
                      "parent": base})
     return data
