@@ -212,3 +212,22 @@ def test_merged_export_with_expert_adapters_loads_in_transformers(backend: Nativ
         assert_close(got, hf_token_logprobs(load_hf_model(tmp_path / "merged"), seq), ATOL)
     finally:
         backend.remove_model("export")
+
+
+def test_adapter_without_mlp_loads_in_peft(backend: NativeBackend, tmp_path: Path) -> None:
+    """train_mlp=False: the PEFT directory loads in PEFT on transformers 5 and equals ours (expert adapters do not:
+    see README, "Mixture-of-experts models")."""
+    from peft import PeftModel
+
+    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
+
+    random_adapter(backend, "attn-only", seed=71, train_mlp=False)
+    try:
+        write_directory(tmp_path, adapter_files(ModelMeta(str(backend.model_dir), RANK, ALPHA, train_mlp=False),
+                                                backend.adapter_state_dict("attn-only")))
+        seq = seqs_of(backend.decoder_config.vocab_size, [30], seed=72)[0]
+        (got,) = ours(backend, [seq], ["attn-only"])
+        assert_close(got, hf_token_logprobs(PeftModel.from_pretrained(load_hf_model(backend.model_dir), tmp_path),
+                                            seq), ATOL)
+    finally:
+        backend.remove_model("attn-only")
