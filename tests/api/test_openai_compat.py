@@ -304,3 +304,35 @@ def test_stream_deltas_join_to_the_text_through_multibyte_characters(tiny_model_
     assert (cut, reason, kept) == ("Emoji: 😀 🎉 敏捷的棕色", "stop", tokens)
     assert "".join(text_deltas(text, kept, cut)) == cut
     assert cut_completion(text, tokens, "length", ["狐狸"], set())[1:] == (sentence, "length")
+
+
+@pytest.fixture(scope="module")
+def keyed_url(preset_cache: Any) -> Any:
+    from keyed_server import keyed_server
+
+    with keyed_server("sqlite", {"alice": {}, "bob": {}}) as url:
+        yield url
+
+
+def test_keys_see_only_their_own_checkpoints(keyed_url: Any) -> None:
+    """Under --auth keys the endpoint takes the openai client's Bearer key; /models lists the caller's sampler
+    checkpoints only, and another key's tinker:// path is an unknown model (404), as on the Tinker routes."""
+    import tinker
+
+    keys = keyed_url.keys
+    alice, bob = (openai.OpenAI(base_url=f"{keyed_url}/oai/api/v1", api_key=keys[name], max_retries=0, timeout=120)
+                  for name in ("alice", "bob"))
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{keyed_url}/v1", api_key="tml-not-a-key", max_retries=0).models.list()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINKER_TELEMETRY", "0")
+        with tinker.ServiceClient(base_url=keyed_url, api_key=keys["alice"]) as service:
+            trainer = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=6).result()
+            path = trainer.save_weights_for_sampler("alice-oai").result().path
+    assert path in [m.id for m in alice.models.list().data]
+    assert path not in [m.id for m in bob.models.list().data]
+    assert alice.completions.create(model=path, prompt=PROMPT, max_tokens=3, temperature=0).model == path
+    with pytest.raises(openai.NotFoundError) as hidden:
+        bob.completions.create(model=path, prompt=PROMPT, max_tokens=3, temperature=0)
+    assert hidden.value.body["param"] == "model"
+    assert bob.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=3).usage.prompt_tokens == len(PROMPT)
