@@ -4,12 +4,16 @@ tokens trained and sampled); the engine's gauges (adapter slots) follow a create
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from live_server import live_server
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 
@@ -47,6 +51,19 @@ def wait_for(url: str, done: Callable[[Samples], bool]) -> Samples:
         if done(samples) or time.monotonic() > deadline:
             return samples
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def sdk_service(url: str) -> Iterator[Any]:
+    """A tinker.ServiceClient of a server this test started itself."""
+    import tinker
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINKER_BASE_URL", url)
+        mp.setenv("TINKER_API_KEY", "tml-test")
+        mp.setenv("TINKER_TELEMETRY", "0")
+        with tinker.ServiceClient() as service:
+            yield service
 
 
 def datum(tokens: list[int]) -> types.Datum:
@@ -125,43 +142,33 @@ def test_counters_move_by_exactly_the_requests_sent(tinker_env: str, service_cli
 def test_an_engine_restart_is_counted_and_totals_stay_monotonic(preset_cache: Any) -> None:
     """kill -9 of the engine: the restart counter moves by one, the new engine's report rebuilds the slot gauge from
     the models it recovered, and tokens trained before the kill are not lost from the total."""
-    import os
-    import signal
-
-    from live_server import live_server
-    import tinker
-
     with live_server(backend_config={"max_lora_adapters": MAX_ADAPTERS}) as url:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("TINKER_BASE_URL", url)
-            mp.setenv("TINKER_API_KEY", "tml-test")
-            mp.setenv("TINKER_TELEMETRY", "0")
-            with tinker.ServiceClient() as service:
-                training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=9).result()
-                batch = [datum([5, 17, 300, 42, 7])]
-                training.forward_backward(batch, "cross_entropy").result()
-                before = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") == 4
-                                  and value(s, "skyrl_tx_adapter_slots", state="used") == 1)
-                assert value(before, "skyrl_tx_tokens_trained_total") == 4
-                assert value(before, "skyrl_tx_engine_restarts_total") == 0
+        with sdk_service(url) as service:
+            training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=9).result()
+            batch = [datum([5, 17, 300, 42, 7])]
+            training.forward_backward(batch, "cross_entropy").result()
+            before = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") == 4
+                              and value(s, "skyrl_tx_adapter_slots", state="used") == 1)
+            assert value(before, "skyrl_tx_tokens_trained_total") == 4
+            assert value(before, "skyrl_tx_engine_restarts_total") == 0
 
-                pid = httpx.get(url + "/api/v1/healthz").json()["engine_pid"]
-                os.kill(pid, signal.SIGKILL)
-                started = value(before, "skyrl_tx_engine_start_time_seconds")
-                assert started > 0
-                after = wait_for(url, lambda s: value(s, "skyrl_tx_engine_start_time_seconds") > started
-                                 and value(s, "skyrl_tx_adapter_slots", state="used") == 1)  # the new engine's report
-                assert value(after, "skyrl_tx_engine_start_time_seconds") > started
-                assert value(after, "skyrl_tx_engine_restarts_total") == 1
-                assert httpx.get(url + "/api/v1/healthz").json()["engine_pid"] != pid
-                # the model was rebuilt by replaying its forward_backward, which is not counted again; the new
-                # engine's tokens add to the total from before the kill
-                assert value(after, "skyrl_tx_tokens_trained_total") == 4
-                training.forward_backward(batch, "cross_entropy").result()
-                final = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") >= 8)
-                assert value(final, "skyrl_tx_tokens_trained_total") == 8
-                assert value(final, "skyrl_tx_requests_total", type="forward_backward", outcome="ok") == 2
-                assert value(final, "skyrl_tx_adapter_slots", state="used") == 1
+            pid = httpx.get(url + "/api/v1/healthz").json()["engine_pid"]
+            os.kill(pid, signal.SIGKILL)
+            started = value(before, "skyrl_tx_engine_start_time_seconds")
+            assert started > 0
+            after = wait_for(url, lambda s: value(s, "skyrl_tx_engine_start_time_seconds") > started
+                             and value(s, "skyrl_tx_adapter_slots", state="used") == 1)  # the new engine's report
+            assert value(after, "skyrl_tx_engine_start_time_seconds") > started
+            assert value(after, "skyrl_tx_engine_restarts_total") == 1
+            assert httpx.get(url + "/api/v1/healthz").json()["engine_pid"] != pid
+            # the model was rebuilt by replaying its forward_backward, which is not counted again; the new
+            # engine's tokens add to the total from before the kill
+            assert value(after, "skyrl_tx_tokens_trained_total") == 4
+            training.forward_backward(batch, "cross_entropy").result()
+            final = wait_for(url, lambda s: value(s, "skyrl_tx_tokens_trained_total") >= 8)
+            assert value(final, "skyrl_tx_tokens_trained_total") == 8
+            assert value(final, "skyrl_tx_requests_total", type="forward_backward", outcome="ok") == 2
+            assert value(final, "skyrl_tx_adapter_slots", state="used") == 1
 
 
 def test_queue_depth_and_database_errors_read_the_database(tmp_path: Any) -> None:
@@ -205,3 +212,16 @@ def test_queue_depth_and_database_errors_read_the_database(tmp_path: Any) -> Non
         db.execute(text("SELECT * FROM no_such_table"))
     assert value(samples(), "skyrl_tx_database_errors_total", process="api") == 1
     database.dispose()
+
+
+def test_an_engine_thread_reports_too(preset_cache: Any) -> None:
+    """--engine thread: the engine's stats and finished requests reach /metrics without a pipe."""
+    with live_server(backend_config={"max_lora_adapters": MAX_ADAPTERS}, extra_args=["--engine", "thread"]) as url:
+        with sdk_service(url) as service:
+            service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
+            samples = wait_for(url, lambda s: value(s, "skyrl_tx_adapter_slots", state="used") == 1
+                               and value(s, "skyrl_tx_requests_total", type="create_model") == 1)
+        assert value(samples, "skyrl_tx_adapter_slots", state="used") == 1
+        assert value(samples, "skyrl_tx_adapter_slots", state="free") == MAX_ADAPTERS - 1
+        assert value(samples, "skyrl_tx_requests_total", type="create_model", outcome="ok") == 1
+        assert value(samples, "skyrl_tx_request_latency_seconds_count", type="create_model", phase="engine") == 1
