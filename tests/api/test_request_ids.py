@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from tinker import types
 
-from skyrl_tx.api.request_ids import (ACCESS_LINES, MAX_ID_LENGTH, RequestContext, RequestIdFormatter, accepted_id,
+from skyrl_tx.api.request_ids import (MAX_ID_LENGTH, RequestContext, RequestIdFormatter, accepted_id,
                                       install_log_context)
 
 WAIT_S = 10.0  # bound on the wait for a line the server writes just after its answer
@@ -123,7 +123,6 @@ def test_every_log_line_of_a_request_carries_its_id(caplog: pytest.LogCaptureFix
         first = call(app, "/work", {"X-Request-Id": "req-A"})
         second = call(app, "/sync")
         log.info("outside any request")
-        assert ACCESS_LINES.drain()  # access lines are written by their own thread
     assert first.headers["x-request-id"] == "req-A"
     by_message = {r.getMessage(): r for r in caplog.records}
     assert by_message["on the event loop"].request_id == "req-A"
@@ -144,7 +143,6 @@ def test_a_failing_request_is_logged_as_a_500_with_its_id(caplog: pytest.LogCapt
     app = small_app()
     with caplog.at_level(logging.INFO):
         response = call(app, "/boom", {"X-Request-Id": "req-boom"})
-        assert ACCESS_LINES.drain()
     assert response.status_code == 500
     access = [r.getMessage() for r in caplog.records if r.name == "skyrl_tx.access"]
     assert any(m.startswith("GET /boom 500 ") and "request_id=req-boom" in m for m in access), access
