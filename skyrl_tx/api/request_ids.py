@@ -88,7 +88,7 @@ class RequestContext:
         if request_id is None:
             request_id = self.new_id()
         header = (HEADER, request_id.encode("ascii"))
-        status = 500  # unless a response starts: an exception the outer error handler turns into a 500
+        status: int | None = None  # until the response starts
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -102,11 +102,12 @@ class RequestContext:
             await self.app(scope, receive, send_with_id)
         except BaseException:
             REQUEST_ID.reset(token)
-            self._done(scope, request_id, 500, started)
+            # not started: the outer error handler answers 500
+            self._done(scope, request_id, 500 if status is None else status, started)
             REQUEST_ID.set(request_id)  # the outer error handler's log line is about this request too
             raise
         REQUEST_ID.reset(token)
-        self._done(scope, request_id, status, started)
+        self._done(scope, request_id, 500 if status is None else status, started)
 
     def _done(self, scope: Scope, request_id: str, status: int, started: float) -> None:
         seconds = time.perf_counter() - started
