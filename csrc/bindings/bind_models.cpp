@@ -47,6 +47,10 @@ void bind_models(py::module_& m) {
       .def_readwrite("mlp_only_layers", &ModelConfig::mlp_only_layers)
       .def_readwrite("first_k_dense_replace", &ModelConfig::first_k_dense_replace)
       .def_readwrite("n_shared_experts", &ModelConfig::n_shared_experts)
+      .def_readwrite("scoring_func", &ModelConfig::scoring_func)
+      .def_readwrite("n_group", &ModelConfig::n_group)
+      .def_readwrite("topk_group", &ModelConfig::topk_group)
+      .def_readwrite("routed_scaling_factor", &ModelConfig::routed_scaling_factor)
       .def("validate", &ModelConfig::validate)
       .def(
           "mlp_layout",

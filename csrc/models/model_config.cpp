@@ -46,6 +46,13 @@ void ModelConfig::validate() const {
     SKYRL_TX_CHECK(num_experts_per_tok <= num_experts, InvalidArgument, "model config: num_experts_per_tok (",
                    num_experts_per_tok, ") must be <= num_experts (", num_experts, ")");
     SKYRL_TX_CHECK(n_shared_experts >= 0, InvalidArgument, "model config: n_shared_experts must be >= 0");
+    SKYRL_TX_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", Unimplemented,
+                   "model config: scoring_func '", scoring_func, "' is not supported (supported: softmax, sigmoid)");
+    SKYRL_TX_CHECK(n_group > 0 && num_experts % n_group == 0 && topk_group > 0 && topk_group <= n_group,
+                   InvalidArgument, "model config: n_group (", n_group, ") must divide num_experts (", num_experts,
+                   ") and topk_group (", topk_group, ") must be in [1, n_group]");
+    SKYRL_TX_CHECK(n_group == 1 || num_experts / n_group >= 2, InvalidArgument,
+                   "model config: group-limited routing needs >= 2 experts per group");
   }
 }
 

@@ -42,6 +42,12 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;  // qwen3_moe layout: layers forced dense
   int64_t first_k_dense_replace = 0;  // deepseek_v3 layout
   int64_t n_shared_experts = 0;       // shared SwiGLU experts, width n_shared_experts * moe_intermediate_size
+  // Router: "softmax" (Qwen3 MoE) or "sigmoid" (DeepSeek V3: sigmoid scores, a score-correction bias that only
+  // steers the choice, group-limited top-k over n_group groups keeping topk_group, weights x routed_scaling_factor).
+  std::string scoring_func = "softmax";
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   /// Throws InvalidArgument naming the first inconsistent field.

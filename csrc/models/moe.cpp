@@ -1,5 +1,7 @@
-// MoeMlp: a routed mixture of SwiGLU experts (softmax top-k router; optional shared experts), LoRA on every expert.
+// MoeMlp: a routed mixture of SwiGLU experts (softmax or DeepSeek sigmoid router; shared experts), LoRA on every expert.
 #include "models/moe.h"
+
+#include <limits>
 
 #include "common/errors.h"
 
@@ -8,7 +10,14 @@ namespace skyrl_tx::models {
 MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
     : top_k_(config.num_experts_per_tok),
       norm_topk_prob_(config.norm_topk_prob),
+      sigmoid_(config.scoring_func == "sigmoid"),
+      n_group_(config.n_group),
+      topk_group_(config.topk_group),
+      routed_scaling_factor_(config.routed_scaling_factor),
       gate_(ctx.weights.take(prefix + ".gate.weight", {config.num_experts, config.hidden_size})) {
+  if (sigmoid_) {
+    score_bias_ = ctx.weights.take(prefix + ".gate.e_score_correction_bias", {config.num_experts}).to(at::kFloat);
+  }
   experts_.reserve(config.num_experts);
   for (int64_t e = 0; e < config.num_experts; ++e) {
     experts_.push_back(std::make_unique<SwiGluMlp>(config.hidden_size, config.moe_intermediate_size, false, ctx,
@@ -20,13 +29,37 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
   }
 }
 
+std::pair<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& x) const {
+  if (!sigmoid_) {
+    at::Tensor logits = at::linear(x, gate_);                // [N, E]
+    at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // [N, E] float32, as transformers does
+    auto [top_w, top_i] = at::topk(probs, top_k_, -1);       // [N, k]
+    if (norm_topk_prob_) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
+    return {top_w.to(logits.scalar_type()), top_i};
+  }
+  // DeepSeek V3 (noaux_tc): logits in float32; the bias picks experts, the unbiased sigmoid scores weigh them.
+  const int64_t n = x.size(0), experts = gate_.size(0);
+  at::Tensor scores = at::sigmoid(at::linear(x.to(at::kFloat), gate_.to(at::kFloat)));  // [N, E]
+  at::Tensor choice = (scores + score_bias_).detach();                                  // [N, E]
+  if (n_group_ > 1) {
+    // A group's score is the sum of its best two experts; only the topk_group best groups stay eligible.
+    at::Tensor group_scores =
+        std::get<0>(choice.view({n, n_group_, experts / n_group_}).topk(2, -1)).sum(-1);  // [N, G]
+    at::Tensor group_idx = std::get<1>(at::topk(group_scores, topk_group_, -1, true, /*sorted=*/false));
+    at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);  // [N, G]
+    at::Tensor score_mask =
+        group_mask.unsqueeze(-1).expand({n, n_group_, experts / n_group_}).reshape({n, experts}).to(at::kBool);
+    choice = choice.masked_fill(score_mask.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  at::Tensor top_i = std::get<1>(at::topk(choice, top_k_, -1, true, /*sorted=*/false));  // [N, k]
+  at::Tensor top_w = scores.gather(1, top_i);                                              // [N, k] float32
+  if (norm_topk_prob_) top_w = top_w / (top_w.sum(-1, /*keepdim=*/true) + 1e-20);
+  return {top_w * routed_scaling_factor_, top_i};
+}
+
 ExpertRouting MoeMlp::route(const at::Tensor& x) const {
   const int64_t experts = num_experts();
-  at::Tensor logits = at::linear(x, gate_);              // [N, E]
-  at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // [N, E] float32, as transformers does
-  auto [top_w, top_i] = at::topk(probs, top_k_, -1);       // [N, k]
-  if (norm_topk_prob_) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
-  top_w = top_w.to(logits.scalar_type());
+  auto [top_w, top_i] = top_k(x);  // [N, k]
   // Stable sort keeps each expert's tokens in row order: adapter segments stay contiguous inside each expert.
   auto [sorted_expert, order] = at::sort(top_i.reshape({-1}), /*stable=*/true, /*dim=*/0, /*descending=*/false);
   ExpertRouting r;
@@ -88,7 +121,8 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& seg
     offset += n;
   }
   at::Tensor out = at::zeros_like(x);  // [N, hidden]
-  if (!outs.empty()) out = out.index_add(0, r.token, at::cat(outs) * r.weight.unsqueeze(1));
+  // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
+  if (!outs.empty()) out = out.index_add(0, r.token, (at::cat(outs) * r.weight.unsqueeze(1)).to(x.scalar_type()));
   if (shared_) out = out + shared_->forward(x, segments);
   return out;
 }
@@ -100,6 +134,9 @@ void MoeMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule
 
 void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
   out.emplace_back(prefix + ".gate.weight", gate_);
+  // NOTE: e_score_correction_bias is a buffer, not a parameter (DeepSeek updates it outside the gradient step), so
+  // it is not listed: before a sigmoid-routed architecture is registered, full fine-tuning's model copy (built from
+  // named_parameters) must also carry such buffers.
   for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_parameters(str_cat(prefix, ".experts.", e), out);
   if (shared_) shared_->collect_parameters(prefix + ".shared_experts", out);
 }

@@ -1,4 +1,4 @@
-// MoeMlp: a routed mixture of SwiGLU experts (softmax top-k router; optional shared experts), LoRA on every expert.
+// MoeMlp: a routed mixture of SwiGLU experts (softmax or DeepSeek sigmoid router; shared experts), LoRA on every expert.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,11 +25,13 @@ struct ExpertRouting {
 class MoeMlp : public MlpModule {
  public:
   /// HF names: "<prefix>.gate.weight" [E, hidden], "<prefix>.experts.<e>.{gate,up,down}_proj.weight",
-  /// and "<prefix>.shared_experts.*" when config.n_shared_experts > 0.
+  /// "<prefix>.shared_experts.*" when config.n_shared_experts > 0, and "<prefix>.gate.e_score_correction_bias" [E]
+  /// with the sigmoid router.
   MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
   /// x: [N, hidden] → [N, hidden].
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
-  /// Softmax over all experts in float32, top-k, optional renormalisation (Qwen3MoeTopKRouter).
+  /// Softmax: over all experts in float32, top-k, optional renormalisation (Qwen3MoeTopKRouter).
+  /// Sigmoid: DeepSeek V3's group-limited choice on biased scores, unbiased weights (DeepseekV3TopkRouter).
   ExpertRouting route(const at::Tensor& x) const;
   /// Expert LoRA modules are in group kMlp; the router is not LoRA-adapted (full fine-tuning trains it).
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
@@ -39,7 +41,14 @@ class MoeMlp : public MlpModule {
  private:
   int64_t top_k_;
   bool norm_topk_prob_;
+  bool sigmoid_;
+  int64_t n_group_, topk_group_;
+  double routed_scaling_factor_;
   at::Tensor gate_;  // [E, hidden] router weight
+  at::Tensor score_bias_;  // [E] float32 e_score_correction_bias (sigmoid router only; steers the choice, not weights)
+
+  /// [N, k] weights (float32) and expert indices.
+  std::pair<at::Tensor, at::Tensor> top_k(const at::Tensor& x) const;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;
   std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
 };

@@ -50,6 +50,10 @@ class DecoderConfig:
     mlp_only_layers: tuple[int, ...] = ()
     first_k_dense_replace: int = 0
     n_shared_experts: int = 0
+    scoring_func: str = "softmax"  # "sigmoid": DeepSeek V3's router (group-limited, score-correction bias)
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
@@ -120,6 +124,12 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
         "first_k_dense_replace": int(raw.get("first_k_dense_replace") or 0),
         "n_shared_experts": int(raw.get("n_shared_experts") or 0),
+        # DeepSeek V3 configs on the hub say scoring_func "sigmoid"; transformers 5 drops the key (always sigmoid).
+        "scoring_func": str(raw.get("scoring_func") or ("sigmoid" if raw.get("model_type") == "deepseek_v3"
+                                                        else "softmax")),
+        "n_group": int(raw.get("n_group") or 1),
+        "topk_group": int(raw.get("topk_group") or 1),
+        "routed_scaling_factor": float(raw.get("routed_scaling_factor") or 1.0),
     }
 
 

@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/errors.h"
@@ -60,15 +62,47 @@ at::Tensor swiglu(const std::vector<NamedLoraModule>& mods, size_t first, const 
   return lora_linear(*mods[first + 2].module, at::silu(g) * u, slot);
 }
 
-// Token by token: softmax router, top-k, renormalise, weighted sum of the chosen experts (+ shared experts).
+// DeepSeek V3's router for one token, written out: the best topk_group groups by their two best biased scores,
+// then the best k biased scores among those groups; weights are the unbiased scores, renormalised and scaled.
+std::pair<at::Tensor, at::Tensor> sigmoid_route(const ModelConfig& c, const at::Tensor& gate, const at::Tensor& bias,
+                                                const at::Tensor& xn) {
+  at::Tensor scores = at::sigmoid(at::matmul(xn, gate.t()))[0];  // [E]
+  at::Tensor choice = scores + bias;
+  const int64_t per_group = c.num_experts / c.n_group;
+  std::vector<std::pair<double, int64_t>> groups;
+  for (int64_t g = 0; g < c.n_group; ++g) {
+    at::Tensor sorted = std::get<0>(choice.narrow(0, g * per_group, per_group).sort(0, /*descending=*/true));
+    groups.emplace_back(-(sorted[0] + sorted[1]).item<double>(), g);
+  }
+  std::sort(groups.begin(), groups.end());
+  std::vector<std::pair<double, int64_t>> eligible;
+  for (int64_t j = 0; j < c.topk_group; ++j) {
+    for (int64_t e = groups[j].second * per_group; e < (groups[j].second + 1) * per_group; ++e) {
+      eligible.emplace_back(-choice[e].item<double>(), e);
+    }
+  }
+  std::sort(eligible.begin(), eligible.end());
+  std::vector<int64_t> idx;
+  for (int64_t j = 0; j < c.num_experts_per_tok; ++j) idx.push_back(eligible[j].second);
+  at::Tensor index = at::tensor(idx, at::kLong);
+  at::Tensor w = scores.index_select(0, index);
+  w = w / w.sum() * c.routed_scaling_factor;
+  return {w.unsqueeze(0), index.unsqueeze(0)};
+}
+
+// Token by token: the router, top-k, renormalise, weighted sum of the chosen experts (+ shared experts).
 at::Tensor reference(const ModelConfig& c, const at::Tensor& gate, const std::vector<NamedLoraModule>& mods,
-                     const at::Tensor& x, const std::vector<int64_t>& slot_of_token) {
+                     const at::Tensor& x, const std::vector<int64_t>& slot_of_token, const at::Tensor& bias = {}) {
   std::vector<at::Tensor> rows;
   for (int64_t n = 0; n < x.size(0); ++n) {
     at::Tensor xn = x.narrow(0, n, 1);  // [1, hidden]
-    at::Tensor probs = at::softmax(at::matmul(xn, gate.t()), -1);
-    auto [w, idx] = at::topk(probs, c.num_experts_per_tok, -1);
-    w = w / w.sum(-1, true);
+    at::Tensor w, idx;
+    if (c.scoring_func == "sigmoid") {
+      std::tie(w, idx) = sigmoid_route(c, gate, bias, xn);
+    } else {
+      std::tie(w, idx) = at::topk(at::softmax(at::matmul(xn, gate.t()), -1), c.num_experts_per_tok, -1);
+      w = w / w.sum(-1, true);
+    }
     at::Tensor y = at::zeros_like(xn);
     for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
       const int64_t e = idx[0][j].item<int64_t>();
@@ -87,9 +121,12 @@ struct MoeFixture {
   std::vector<NamedLoraModule> mods;
   at::Tensor gate;
 
-  explicit MoeFixture(int64_t shared, uint64_t seed) : config(moe_config(shared)) {
+  explicit MoeFixture(int64_t shared, uint64_t seed) : MoeFixture(moe_config(shared), seed) {}
+  MoeFixture(ModelConfig c, uint64_t seed) : config(std::move(c)) {
     at::Generator gen = make_gen(seed);
     weights = moe_weights(config, gen);
+    if (config.scoring_func == "sigmoid") weights["mlp.gate.e_score_correction_bias"] = randn({config.num_experts}, gen,
+                                                                                             0.3);
     WeightStore store(weights, at::kFloat, at::kCPU);
     BuildContext ctx{store, kSlots, kMaxRank};
     mlp = std::make_unique<MoeMlp>(config, ctx, "mlp");
@@ -188,6 +225,30 @@ TEST(MoeMlp, RouterAndExpertLoraGradientsEqualTheReference) {
   int64_t nonzero = 0;
   for (const at::Tensor& g : ours) nonzero += g.defined() && g.abs().max().item<double>() > 0;
   EXPECT_GE(nonzero, 6);
+}
+
+TEST(MoeMlp, DeepSeekSigmoidGroupLimitedRouterEqualsTheFormula) {
+  ModelConfig c = moe_config(/*shared=*/1);
+  c.scoring_func = "sigmoid";
+  c.num_experts = 8;
+  c.num_experts_per_tok = 3;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.routed_scaling_factor = 2.5;
+  ASSERT_NO_THROW(c.validate());
+  MoeFixture f(c, 41);
+  at::Generator gen = make_gen(42);
+  const std::vector<int64_t> row_slots{0, 2, 1};
+  at::Tensor x = randn({3 * kTokensPerRow, c.hidden_size}, gen);
+  std::vector<int64_t> slot_of_token;
+  for (int64_t s : row_slots) slot_of_token.insert(slot_of_token.end(), kTokensPerRow, s);
+  at::Tensor bias = f.weights.at("mlp.gate.e_score_correction_bias");
+  at::Tensor expected = reference(c, f.gate, f.mods, x, slot_of_token, bias);
+  EXPECT_TENSOR_CLOSE(f.mlp->forward(x, lora::AdapterSegments::from_rows(row_slots, kTokensPerRow)), expected, 1e-5,
+                      1e-5);
+  // The bias matters: without it the choice (hence the output) differs.
+  at::Tensor unbiased = reference(c, f.gate, f.mods, x, slot_of_token, at::zeros_like(bias));
+  EXPECT_FALSE(at::allclose(unbiased, expected, 1e-4, 1e-4));
 }
 
 TEST(Architectures, LayoutsFollowTheConfig) {
