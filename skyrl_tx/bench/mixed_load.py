@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from skyrl_tx.bench.api import _engine_pid, process_cpu_seconds
 from skyrl_tx.bench.live_server import bench_server
 
 TOKENS = list(range(5, 69))
@@ -59,9 +60,13 @@ def _run_role(role: str, clients: list[Any], seconds: float, max_tokens: int) ->
     return sum(c[0] for c in counters) / (time.monotonic() - started)
 
 
-def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, max_tokens: int) -> None:
+def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, max_tokens: int,
+                  nice: int) -> None:
     """One user population in its own process (as separate users are; one process would share one GIL): makes its
-    clients, then runs each `seconds` it is sent and answers the rate, until it is sent None."""
+    clients, then runs each `seconds` it is sent and answers the rate, until it is sent None. At `nice` (default
+    10): the load generators take the CPU the server leaves, as clients on other machines would, instead of
+    taking turns with the engine on a small box (then the ratios measure the client processes' contention)."""
+    os.nice(nice)
     os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
     import tinker
 
@@ -77,7 +82,7 @@ def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, m
 
 
 def measure(base_model: str, share: float, trainers: int, samplers: int, seconds: float,
-            max_tokens: int) -> dict[str, float]:
+            max_tokens: int, client_nice: int = 10) -> dict[str, Any]:
     config = {"sampling_share": share, "max_lora_adapters": max(trainers, 1)}
     context = multiprocessing.get_context("spawn")
     with bench_server(base_model, name="bench mixed", args=["--backend-config", json.dumps(config)]) as live:
@@ -85,17 +90,26 @@ def measure(base_model: str, share: float, trainers: int, samplers: int, seconds
         for role, count in (("train", trainers), ("sample", samplers)):
             ours, theirs = context.Pipe()
             process = context.Process(target=_role_process, args=(theirs, live.url, base_model, role, count,
-                                                                  max_tokens), daemon=True)
+                                                                  max_tokens, client_nice), daemon=True)
             process.start()
             roles[role] = (ours, process)
         try:
             for conn, _ in roles.values():
                 assert conn.recv() == "ready"
 
+            pids = {"api": live.pid, "engine": _engine_pid(live.url),
+                    **{f"{name}_clients": process.pid for name, (_, process) in roles.items()}}
+            cpu: dict[str, dict[str, float]] = {}  # phase → process → CPU share of one core during the phase
+
             def phase(*names: str, length: float = seconds) -> dict[str, float]:
+                before, started = {k: process_cpu_seconds(p) for k, p in pids.items() if p}, time.monotonic()
                 for name in names:
                     roles[name][0].send(length)
-                return {name: roles[name][0].recv() for name in names}
+                rates = {name: roles[name][0].recv() for name in names}
+                elapsed = time.monotonic() - started
+                cpu["+".join(names)] = {k: round((process_cpu_seconds(pids[k]) - v) / elapsed, 2)
+                                        for k, v in before.items() if v is not None}
+                return rates
 
             phase("train", "sample", length=min(seconds, 3.0))  # warm-up
             sample_alone = phase("sample")["sample"]
@@ -106,10 +120,11 @@ def measure(base_model: str, share: float, trainers: int, samplers: int, seconds
                 conn.send(None)
                 process.join(60)
     train_mixed, sample_mixed = mixed["train"], mixed["sample"]
-    return {"sampling_share": share, "train_steps_per_s_alone": train_alone, "train_steps_per_s_mixed": train_mixed,
+    return {"sampling_share": share, "client_nice": client_nice, "train_steps_per_s_alone": train_alone, "train_steps_per_s_mixed": train_mixed,
             "samples_per_s_alone": sample_alone, "samples_per_s_mixed": sample_mixed,
             "training_ratio": train_mixed / train_alone if train_alone else 0.0,
-            "sampling_ratio": sample_mixed / sample_alone if sample_alone else 0.0}
+            "sampling_ratio": sample_mixed / sample_alone if sample_alone else 0.0,
+            "cpu_cores_used": cpu}
 
 
 def run_mixed(argv: list[str]) -> list[dict[str, float]]:
@@ -120,9 +135,12 @@ def run_mixed(argv: list[str]) -> list[dict[str, float]]:
     parser.add_argument("--samplers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--client-nice", type=int, default=10,
+                        help="niceness of the client processes (0: they compete with the server for the CPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
-    rows = [measure(args.base_model, float(s), args.trainers, args.samplers, args.seconds, args.max_tokens)
+    rows = [measure(args.base_model, float(s), args.trainers, args.samplers, args.seconds, args.max_tokens,
+                    args.client_nice)
             for s in args.shares.split(",")]
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))
@@ -132,6 +150,8 @@ def run_mixed(argv: list[str]) -> list[dict[str, float]]:
         print(f"{r['sampling_share']:>6.2f} {r['train_steps_per_s_alone']:>14.2f} {r['train_steps_per_s_mixed']:>8.2f} "
               f"{r['training_ratio']:>6.2f} {r['samples_per_s_alone']:>16.2f} {r['samples_per_s_mixed']:>8.2f} "
               f"{r['sampling_ratio']:>6.2f}")
+    for r in rows:  # where the machine's CPU went: on a small box the clients compete with the server for it
+        print(f"share {r['sampling_share']:.2f}, CPU cores used per phase: {json.dumps(r['cpu_cores_used'])}")
     return rows
 
 

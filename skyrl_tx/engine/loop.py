@@ -114,15 +114,17 @@ class EngineLoop:
                 pending = list(db.execute(future_queries.PENDING))
         ran = 0
         by_model: dict[str, list[FutureRow]] = defaultdict(list)
-        creates = []
+        creates, samples = [], []
         for f in pending:
             if f.request_type == "create_model":
                 creates.append(f)
             elif f.request_type == "sample":
-                self._submit_sample(f)
-                ran += 1
+                samples.append(f)
             else:
                 by_model[f.model_id or ""].append(f)
+        if samples:
+            self._submit_samples(samples)
+            ran += len(samples)
         for model_id, queue in by_model.items():
             queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
             by_model[model_id] = self._in_order(model_id, queue)
@@ -134,11 +136,9 @@ class EngineLoop:
         if self._decode_credit_s <= 0 or not self._sampling:  # else decoding is owed time: training waits
             started = time.perf_counter()
             trained = self._run_training(by_model)
-            for queue in by_model.values():  # optim steps and other barriers are training-side time too
-                barrier = next((f for f in queue if f.request_type not in TRAIN_TYPES), None)
-                if barrier is not None and queue[0] is barrier:
-                    self._run_single(barrier, self._barrier)
-                    trained += 1
+            # Optim steps and other barriers at the head of their model's queue: training-side time too.
+            trained += self._run_barriers([queue[0] for queue in by_model.values()
+                                           if queue and queue[0].request_type not in TRAIN_TYPES])
             if trained:
                 owed = (time.perf_counter() - started) * self.sampling_share / (1.0 - self.sampling_share)
                 self._decode_credit_s = min(self._decode_credit_s + owed, MAX_DECODE_CREDIT_S)
@@ -211,6 +211,23 @@ class EngineLoop:
                 continue
             self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
         return sum(len(futures) for futures in batch.values())
+
+    def _run_barriers(self, barriers: list[FutureRow]) -> int:
+        """One barrier of each model (different models: independent), bookkept together: one transaction marks
+        them running, one stores their results, so 8 users' optim steps cost 2 commits, not 16."""
+        if not barriers:
+            return 0
+        self._mark_running(barriers)
+        done = []
+        for f in barriers:
+            try:
+                done.append((f, self._barrier(f), None))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
+                if not isinstance(exc, SkyrlTxError):
+                    log.exception("request %s (%s) failed", f.id, f.request_type)
+                done.append((f, None, _error(exc)))
+        self._finish_many(done)
+        return len(barriers)
 
     def _barrier(self, f: FutureRow) -> dict[str, Any]:
         request = f.request
@@ -354,8 +371,13 @@ class EngineLoop:
             raise
 
     # ---- sampling ------------------------------------------------------------------------------
+    def _submit_samples(self, futures: list[FutureRow]) -> None:
+        """The scan's new samples join the running batch; marked running in one transaction."""
+        self._mark_running(futures)
+        for f in futures:
+            self._submit_sample(f)
+
     def _submit_sample(self, f: FutureRow) -> None:
-        self._mark_running([f])
         try:
             weights_id = f.request.get("weights_id", "")
             if ":sample:" in weights_id and not self.checkpointer.has_snapshot(weights_id):
