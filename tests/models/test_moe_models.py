@@ -1,4 +1,5 @@
-"""Qwen3 MoE (tiny-qwen3-moe): logprobs, LoRA on every expert, gradients and AdamW equal Hugging Face transformers."""
+"""MoE presets (tiny-qwen3-moe, tiny-deepseek-v3): logprobs, LoRA on every linear (experts and MLA projections
+included), gradients and AdamW equal Hugging Face transformers."""
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import TrainRequest
 
-PRESET = "tiny-qwen3-moe"
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
 ATOL = 1e-5
 RANK, ALPHA = 4, 8.0
 
 
-@pytest.fixture(scope="module")
-def path(tiny_model_dir) -> Path:
-    return tiny_model_dir(PRESET)
+@pytest.fixture(scope="module", params=PRESETS)
+def path(request: pytest.FixtureRequest, tiny_model_dir) -> Path:
+    return tiny_model_dir(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +72,10 @@ def merged_logprobs(hf: torch.nn.Module, state: dict[str, torch.Tensor], scale: 
 
 def test_layout_and_config(backend: NativeBackend, hf: torch.nn.Module) -> None:
     cfg = backend.decoder_config
-    assert (cfg.architecture, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == \
-        ("Qwen3MoeForCausalLM", 8, 2, True)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (8, 2, True)
+    if cfg.architecture == "DeepseekV3ForCausalLM":
+        assert (cfg.scoring_func, cfg.n_group, cfg.topk_group, cfg.n_shared_experts, cfg.rope_scaling.type) == \
+            ("sigmoid", 4, 2, 1, "yarn")
     kinds = ["moe" if hasattr(layer.mlp, "experts") else "dense" for layer in hf.model.layers]
     assert kinds == ["dense", "moe", "moe"]
 
@@ -178,6 +181,9 @@ def test_full_finetune_router_and_expert_gradients_equal_transformers(backend: N
             else:
                 per_name[name] = g
         assert grads["model.layers.1.mlp.gate.weight"].abs().max() > 0, "the router gets a gradient"
+        # DeepSeek's e_score_correction_bias: a buffer in transformers; ours lists it (so copies carry it), grad 0.
+        for name in [k for k in grads if k.endswith("e_score_correction_bias")]:
+            assert not grads.pop(name).any(), name
         assert_dicts_close(grads, per_name, ATOL, "full fine-tuning grads")
     finally:
         backend.remove_model("full")
