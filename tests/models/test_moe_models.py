@@ -237,3 +237,23 @@ def test_adapter_without_mlp_loads_in_peft(backend: NativeBackend, tmp_path: Pat
                                             seq), ATOL)
     finally:
         backend.remove_model("attn-only")
+
+
+def test_gradient_checkpointing_and_micro_batches_give_the_same_gradients(path: Path,
+                                                                          backend: NativeBackend) -> None:
+    """Recomputed layers route again to the same experts: checkpointed, micro-batched training equals one pass."""
+    other = NativeBackend(path, BackendSettings(max_lora_adapters=1, max_lora_rank=8, gradient_checkpointing=True,
+                                                train_micro_batch_tokens=16))
+    vocab = backend.decoder_config.vocab_size
+    seqs = random_sequences(vocab, [9, 14, 5], 80)
+    grads = []
+    for b in (backend, other):
+        state = random_adapter(b, "ckpt", seed=81)
+        try:
+            data = make_datums("cross_entropy", seqs, true_logprobs(MergedLoraModel(load_hf_model(path), state,
+                                                                                    ALPHA / RANK), seqs), 82)
+            b.forward_backward([TrainRequest("ckpt", data)])
+            grads.append(b.trainable_grads("ckpt"))
+        finally:
+            b.remove_model("ckpt")
+    assert_dicts_close(grads[1], grads[0], 5e-6, "checkpointed vs plain")
