@@ -76,9 +76,6 @@ PRESETS: dict[str, TinyPreset] = {
         # For tests against a real vLLM (tests/external): vLLM's CPU attention has no head_dim 16 kernel; 64 works.
         dataclasses.replace(_TINY_QWEN3, name="tiny-qwen3-hd64", hidden_size=128, num_attention_heads=2,
                             num_key_value_heads=1, head_dim=64, seed=5),
-        # For tests against a real vLLM (tests/external): vLLM's CPU attention has no head_dim 16 kernel; 64 works.
-        dataclasses.replace(_TINY_QWEN3, name="tiny-qwen3-hd64", hidden_size=128, num_attention_heads=2,
-                            num_key_value_heads=1, head_dim=64, seed=5),
         # Shaped like Llama 3.2 1B: tied embeddings, llama3 rope scaling, theta 5e5.
         TinyPreset(
             name="tiny-llama3",
