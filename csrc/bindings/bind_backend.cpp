@@ -30,6 +30,7 @@ void bind_backend(py::module_& m) {
       .def("remove_model", &Backend::remove_model, py::arg("model_id"), Release())
       .def("forward_backward", &Backend::forward_backward, py::arg("requests"), Release())
       .def("forward", &Backend::forward, py::arg("requests"), Release())
+      .def("attach_collectives", &Backend::attach_collectives, py::arg("group"))
       .def("optim_step", &Backend::optim_step, py::arg("model_id"), py::arg("params"), Release())
       .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
       .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -131,6 +132,12 @@ class NativeBackend:
     def forward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
         """forward_backward's outputs without gradients or side effects."""
         return _results(self._core.forward([_native_request(r) for r in requests]))
+
+    def attach_collectives(self, group: Any) -> None:
+        """Data parallelism (skyrl_tx.parallel.group.join_group's Collectives; None: one process again): every rank
+        then makes the same calls with the same requests, computes its share of the rows and ends with the same
+        results and summed gradients as one process."""
+        self._core.attach_collectives(group)
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         native = load_extension().AdamParams()
