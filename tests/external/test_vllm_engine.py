@@ -103,7 +103,9 @@ def reference(native: Any, weights_id: str = "", **params: Any) -> Any:
     from skyrl_tx.types import SampleRequest, SamplingParams
 
     prompt_logprobs = params.pop("prompt_logprobs", False)
-    request = SampleRequest(PROMPT, SamplingParams(**params), weights_id=weights_id, prompt_logprobs=prompt_logprobs)
+    topk = params.pop("topk_prompt_logprobs", 0)
+    request = SampleRequest(PROMPT, SamplingParams(**params), weights_id=weights_id, prompt_logprobs=prompt_logprobs,
+                            topk_prompt_logprobs=topk)
     return native.sample([request])[0]
 
 
@@ -111,8 +113,9 @@ def sample(sampler: Any, **params: Any) -> Any:
     from tinker import types
 
     prompt_logprobs = params.pop("include_prompt_logprobs", False)
+    topk = params.pop("topk_prompt_logprobs", 0)
     return sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(**params),
-                          include_prompt_logprobs=prompt_logprobs).result()
+                          include_prompt_logprobs=prompt_logprobs, topk_prompt_logprobs=topk).result()
 
 
 def train(training_client: Any, steps: int, offset: int = 0) -> None:
@@ -156,6 +159,19 @@ def test_prompt_logprobs_agree(service_client: Any, native: Any) -> None:
     assert got.prompt_logprobs[0] is None and want.prompt_logprobs[0] is None
     torch.testing.assert_close(torch.tensor(got.prompt_logprobs[1:]), torch.tensor(want.prompt_logprobs[1:]),
                                atol=1e-3, rtol=0)
+
+
+def test_topk_prompt_logprobs_agree(service_client: Any, native: Any) -> None:
+    sampler = service_client.create_sampling_client(base_model=PRESET).result()
+    got = sample(sampler, max_tokens=1, temperature=0.0, topk_prompt_logprobs=3).topk_prompt_logprobs
+    want = reference(native, max_tokens=1, temperature=0.0, topk_prompt_logprobs=3).topk_prompt_logprobs
+    assert got[0] is None and want[0] is None and len(got) == len(want) == len(PROMPT)
+    for g, w in zip(got[1:], want[1:]):
+        assert len(g) == len(w) == 3
+        # values in rank order agree; near-tied ids may swap between the two kernels' roundings
+        torch.testing.assert_close(torch.tensor([v for _, v in g]), torch.tensor([v for _, v in w]), atol=1e-3, rtol=0)
+        for (gid, gv), (wid, wv) in zip(g, w):
+            assert gid == wid or abs(gv - wv) < 1e-3
 
 
 def test_stop_strings_stop(service_client: Any, native: Any, model_dir: Path) -> None:
@@ -265,3 +281,31 @@ def test_adapter_vllm_cannot_load_fails_the_save(service_client: Any) -> None:
     with pytest.raises(tinker.RequestFailedError, match="cannot load this LoRA adapter") as info:
         training_client.save_weights_and_get_sampling_client().result()
     assert info.value.category.name == "User"
+
+
+def test_named_sampler_weights_after_a_server_restart(vllm_url: str, preset_cache: Path, native: Any,
+                                                     tmp_path: Path) -> None:
+    """After a restart the engine loads the sampler checkpoint again and publishes it under the same adapter name,
+    which vLLM still holds from before (unloaded and loaded again): the path samples the same tokens."""
+    import tinker
+
+    params = {"max_tokens": 8, "temperature": 0.0, "stop": []}
+    args = ["--external-inference-url", vllm_url]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINKER_API_KEY", API_KEY)
+        mp.setenv("TINKER_TELEMETRY", "0")
+        with (live_server(base_model=PRESET, extra_args=args, data_dir=data_dir) as url,
+              tinker.ServiceClient(base_url=url) as client):
+            training_client = client.create_lora_training_client(base_model=PRESET, rank=LORA_RANK, seed=6).result()
+            train(training_client, 2, offset=120)
+            path = training_client.save_weights_for_sampler("kept").result().path
+            before = list(sample(client.create_sampling_client(model_path=path).result(), **params)
+                          .sequences[0].tokens)
+            export_to(native, url, training_client, "kept", tmp_path)
+        assert path in vllm_adapters(vllm_url)  # still held by vLLM: the engine that loaded it is gone
+        with (live_server(base_model=PRESET, extra_args=args, data_dir=data_dir) as url,
+              tinker.ServiceClient(base_url=url) as client):
+            after = list(sample(client.create_sampling_client(model_path=path).result(), **params).sequences[0].tokens)
+    assert after == before == reference(native, "kept", **params).sequences[0].tokens
