@@ -41,6 +41,10 @@ class BackendSettings:
     # Memory for full fine-tuning sampler snapshots (frozen whole-model copies): beyond it the least recently
     # sampled ones move to disk and load back when sampled (engine/snapshot_memory.py).
     snapshot_memory_mb: int = 8192
+    # Data parallelism (the seed README's key): ranks on this node, one process each (rank 0 is the engine), each
+    # computing its share of every forward_backward's rows by tokens; 1: one process
+    # (skyrl_tx/parallel/data_parallel_backend.py). Weights and optimizer state are replicated, not sharded yet.
+    fully_sharded_data_parallel_size: int = 1
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -90,7 +94,8 @@ class BackendSettings:
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
-                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb"):
+                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb",
+                    "fully_sharded_data_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.max_sampling_length < 2:

@@ -56,7 +56,7 @@ class EngineSettings:
         backend_settings = BackendSettings.from_dict(self.backend)
         self.configure_threads()  # before the imports below load torch (a no-op if __main__ did it already)
 
-        from skyrl_tx.backend.native import NativeBackend
+        from skyrl_tx.parallel.data_parallel_backend import make_backend
         from skyrl_tx.checkpoints.store import CheckpointStore
         from skyrl_tx.db.session import make_engine, make_session_factory
         from skyrl_tx.engine.runner import build_loop, run_engine
@@ -64,7 +64,7 @@ class EngineSettings:
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
                  backend_settings.dtype, backend_settings.device)
-        backend = NativeBackend(Path(self.model_dir), backend_settings)
+        backend = make_backend(Path(self.model_dir), backend_settings)  # data-parallel ranks when configured
         cfg = backend.decoder_config
         log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
                  cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)

@@ -1,0 +1,179 @@
+"""DataParallelBackend: the engine's backend on rank 0 of a data-parallel group, mirroring every state change to the
+local worker ranks it starts (one process per device), which run the same calls in lock-step.
+
+Rank 0 (the engine process) is the only rank that talks to the database; the workers only mirror calls. The
+C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed), so
+every rank holds the same weights and optimizer state after every call; what only reads (trainable_state,
+snapshots, sampling) runs on rank 0 alone. A call is sent to the workers over a Gloo control group, then run:
+- collective calls (forward_backward, forward) run on all ranks at once (their errors are decided before any
+  collective, the same on every rank);
+- other state changes (create/remove models, optim_step, set weights or optimizer state) run on rank 0 first
+  and are mirrored only if they succeed, so a refused call (an unload while samples run) changes nothing anywhere.
+Every mirrored call ends with each worker's outcome gathered to rank 0: ranks that disagree (a worker out of memory)
+are a RanksDiverged error, and the engine restarts the whole group and recovers as after a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import datetime
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import traceback
+from pathlib import Path
+from typing import Any
+
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InternalError
+
+log = logging.getLogger("skyrl_tx.parallel")
+
+COLLECTIVE_CALLS = ("forward_backward", "forward")
+MIRRORED_CALLS = ("create_model", "create_adapter", "remove_model", "remove_adapter", "set_adapter_weights",
+                  "load_peft_adapter", "optim_step", "set_trainable_state", "set_optimizer_state")
+COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank
+IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait for the next call however long
+
+
+class RanksDiverged(InternalError):
+    """A mirrored call ended differently on some rank: the group's state can no longer be trusted."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _outcome(exc: BaseException | None) -> str:
+    return "ok" if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str) -> None:
+    """A worker rank: loads its replica, joins the group, then runs what rank 0 sends until told to stop."""
+    try:  # dies with the engine process, even a kill -9 of it (the supervisor then restarts the whole group)
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.parallel.group import RankAddress, join_group
+
+    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
+    channel = _Channel(backend, join_group(RankAddress(address, rank, world), timeout_s=COLLECTIVE_TIMEOUT_S))
+    channel.serve()
+
+
+class _Channel:
+    """The control plane: commands from rank 0 and outcomes back, as Python objects on a Gloo group (the data
+    plane, the group the core's collectives use, is NCCL on GPUs)."""
+
+    def __init__(self, backend: Any, collectives: Any):
+        import torch.distributed as td
+
+        self.backend, self.td = backend, td
+        backend.attach_collectives(collectives)
+        self.control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
+
+    def send(self, command: Any) -> None:
+        self.td.broadcast_object_list([command], src=0, group=self.control)
+
+    def receive(self) -> Any:
+        box = [None]
+        self.td.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def gather_outcomes(self, mine: str) -> list[str]:
+        outcomes = [None] * self.td.get_world_size()
+        self.td.all_gather_object(outcomes, mine, group=self.control)
+        return outcomes
+
+    def serve(self) -> None:
+        while (command := self.receive()) is not None:
+            method, args, kwargs = command
+            error = None
+            try:
+                getattr(self.backend, method)(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - reported to rank 0, which decides
+                error = exc
+            self.gather_outcomes(_outcome(error))
+
+
+class DataParallelBackend:
+    """Rank 0's backend (a NativeBackend plus the workers). Same interface as NativeBackend."""
+
+    def __init__(self, local: Any, channel: _Channel, workers: list[Any]):
+        self._local, self._channel, self._workers = local, channel, workers
+
+    @classmethod
+    def start(cls, model_dir: Path, settings: BackendSettings, world: int) -> DataParallelBackend:
+        """Starts world - 1 local worker processes (spawn), loads rank 0's replica, joins the group."""
+        from skyrl_tx.backend.native import NativeBackend
+        from skyrl_tx.parallel.group import RankAddress, join_group
+
+        address = f"127.0.0.1:{_free_port()}"
+        context = multiprocessing.get_context("spawn")
+        def rank_settings(rank: int) -> dict[str, Any]:  # one device per rank on a GPU node
+            raw = dataclasses.asdict(settings)
+            if settings.device.startswith("cuda"):
+                raw["device"] = f"cuda:{rank}"
+            return raw
+
+        workers = [context.Process(target=_worker_main,
+                                   args=(str(model_dir), rank_settings(rank), rank, world, address),
+                                   name=f"skyrl_tx-rank{rank}", daemon=True) for rank in range(1, world)]
+        for w in workers:
+            w.start()
+        local = NativeBackend(Path(model_dir), BackendSettings.from_dict(rank_settings(0)))
+        channel = _Channel(local, join_group(RankAddress(address, 0, world), timeout_s=COLLECTIVE_TIMEOUT_S))
+        log.info("data parallel: %d ranks (rank 0 pid %d, workers %s)", world, os.getpid(),
+                 [w.pid for w in workers])
+        return cls(local, channel, workers)
+
+    def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        error, result = None, None
+        if method in COLLECTIVE_CALLS:
+            self._channel.send((method, args, kwargs))
+        try:
+            result = getattr(self._local, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            error = exc
+        if method not in COLLECTIVE_CALLS:
+            if error is not None:  # refused here: nothing changed, nothing to mirror
+                raise error
+            self._channel.send((method, args, kwargs))
+        outcomes = self._channel.gather_outcomes(_outcome(error))
+        if len(set(outcomes)) != 1:
+            raise RanksDiverged(f"{method} ended differently on the data-parallel ranks: "
+                                + "; ".join(f"rank {r}: {o[:300]}" for r, o in enumerate(outcomes)))
+        if error is not None:
+            raise error
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name in COLLECTIVE_CALLS or name in MIRRORED_CALLS:
+            return lambda *args, **kwargs: self._mirrored(name, *args, **kwargs)
+        return getattr(self._local, name)  # reads and sampling: rank 0 alone
+
+    def close(self) -> None:
+        """Stops the workers (they exit when told, or with the group when this process dies)."""
+        try:
+            self._channel.send(None)
+        except Exception:  # noqa: BLE001 - a worker already gone
+            log.warning("data parallel: stopping the workers failed:\n%s", traceback.format_exc())
+        for w in self._workers:
+            w.join(10)
+            if w.is_alive():
+                w.kill()
+
+
+def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
+    """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one."""
+    if settings.fully_sharded_data_parallel_size > 1:
+        return DataParallelBackend.start(model_dir, settings, settings.fully_sharded_data_parallel_size)
+    from skyrl_tx.backend.native import NativeBackend
+
+    return NativeBackend(model_dir, settings)

@@ -1,0 +1,103 @@
+"""Through the real tinker SDK: a server started with --backend-config '{"fully_sharded_data_parallel_size": 2}'
+(the engine plus one worker rank, Gloo) trains two tenants and samples exactly as a one-process server does; and a
+kill -9 of the engine takes its worker rank down with it and the restarted group goes on with the same weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from live_server import live_server
+
+from skyrl_tx.bench.live_server import healthy
+
+DP = {"fully_sharded_data_parallel_size": 2}
+STEPS = 4
+
+
+def _engine_pid(url: str) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=5) as response:
+        return int(json.loads(response.read())["engine_pid"])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _train_and_sample(url: str, kill_engine_after_step: int | None = None) -> dict[str, Any]:
+    """Two tenants (ranks 4 and 8, fixed seeds) train STEPS steps on ragged batches, then sample greedily."""
+    import tinker
+    from tinker import types
+
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-dp", TINKER_TELEMETRY="0")
+    out: dict[str, Any] = {"losses": {}, "tokens": {}}
+    with tinker.ServiceClient() as service:
+        clients = {name: service.create_lora_training_client(base_model="tiny-qwen3", rank=rank, seed=seed).result()
+                   for name, rank, seed in (("a", 4, 1), ("b", 8, 2))}
+        for name, client in clients.items():
+            losses = []
+            for step in range(STEPS):
+                # 3 or 5 rows of different lengths: no multiple of the rank count, unequal tokens
+                data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5 + i, 5 + i + n))),
+                                    loss_fn_inputs={"target_tokens": list(range(6 + i, 6 + i + n)),
+                                                    "weights": [1.0] * n})
+                        for i, n in enumerate([9, 4, 13, 6, 2][: 3 + 2 * (step % 2)])]
+                losses.append(client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
+                client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+                if kill_engine_after_step == step and name == "a":
+                    engine = _engine_pid(url)
+                    workers = _children(engine)
+                    assert workers, "the data-parallel engine has no worker rank"
+                    os.kill(engine, signal.SIGKILL)
+                    deadline = time.monotonic() + 30
+                    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+                        assert time.monotonic() < deadline, "the worker rank outlived its engine"
+                        time.sleep(0.2)
+            out["losses"][name] = losses
+            sampler = client.save_weights_and_get_sampling_client().result()
+            result = sampler.sample(types.ModelInput.from_ints([5, 6, 7, 8]), 1,
+                                    types.SamplingParams(max_tokens=12, temperature=0.0)).result()
+            out["tokens"][name] = list(result.sequences[0].tokens)
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+
+@pytest.fixture(scope="module")
+def one_process_run(preset_cache) -> dict[str, Any]:
+    with live_server() as url:
+        return _train_and_sample(url)
+
+
+def test_data_parallel_server_equals_one_process(preset_cache, one_process_run) -> None:
+    with live_server(backend_config=DP) as url:
+        assert "data parallel: 2 ranks" in url.log_tail(), url.log_tail()
+        got = _train_and_sample(url)
+    for name, losses in one_process_run["losses"].items():
+        assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
+    assert got["tokens"] == one_process_run["tokens"]
+
+
+def test_killing_the_engine_restarts_the_whole_group_with_the_same_weights(preset_cache, one_process_run) -> None:
+    with live_server(backend_config=DP) as url:
+        got = _train_and_sample(url, kill_engine_after_step=1)
+        assert healthy(url)
+    for name, losses in one_process_run["losses"].items():
+        assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
+    assert got["tokens"] == one_process_run["tokens"]
