@@ -142,9 +142,26 @@ def export_to(native: Any, server_url: str, training_client: Any, name: str, tmp
     native.load_peft_adapter(name, download(urls, tmp_path / name))
 
 
-def test_greedy_base_equals_own_sampler(service_client: Any, native: Any) -> None:
+def vllm_finished_requests(vllm_url: str) -> float:
+    """vLLM's own count of finished requests (its Prometheus metrics): proof a sample went through it."""
+    with urllib.request.urlopen(vllm_url + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total{"))
+
+
+def assert_vllm_served(vllm_url: str, before: float, n: int = 1) -> None:
+    """vLLM counted n more finished requests (its metrics may lag the response a little: polled briefly)."""
+    deadline = time.monotonic() + 10.0
+    while vllm_finished_requests(vllm_url) < before + n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert vllm_finished_requests(vllm_url) == before + n
+
+
+def test_greedy_base_equals_own_sampler(service_client: Any, native: Any, vllm_url: str) -> None:
     sampler = service_client.create_sampling_client(base_model=PRESET).result()
+    served_before = vllm_finished_requests(vllm_url)
     got = sample(sampler, max_tokens=12, temperature=0.0, stop=[])
+    assert_vllm_served(vllm_url, served_before)  # sampled by vLLM, not the built-in sampler
     want = reference(native, max_tokens=12, temperature=0.0, stop=[])
     assert list(got.sequences[0].tokens) == want.sequences[0].tokens
     assert len(want.sequences[0].tokens) == 12
@@ -309,3 +326,19 @@ def test_named_sampler_weights_after_a_server_restart(vllm_url: str, preset_cach
               tinker.ServiceClient(base_url=url) as client):
             after = list(sample(client.create_sampling_client(model_path=path).result(), **params).sequences[0].tokens)
     assert after == before == reference(native, "kept", **params).sequences[0].tokens
+
+
+def test_openai_endpoint_samples_through_vllm(server_url: str, service_client: Any, native: Any,
+                                              vllm_url: str) -> None:
+    """The OpenAI-compatible endpoint's requests are sample futures too: with --external-inference-url they go to
+    vLLM, and a greedy token-id completion is our sampler's."""
+    import openai
+
+    client = openai.OpenAI(base_url=server_url + "/oai/api/v1", api_key=API_KEY)
+    served_before = vllm_finished_requests(vllm_url)
+    out = client.completions.create(model=PRESET, prompt=PROMPT, max_tokens=6, temperature=0.0, logprobs=0)
+    assert_vllm_served(vllm_url, served_before)
+    want = reference(native, max_tokens=6, temperature=0.0).sequences[0]
+    assert out.usage.completion_tokens == len(want.tokens) > 0
+    torch.testing.assert_close(torch.tensor(out.choices[0].logprobs.token_logprobs), torch.tensor(want.logprobs),
+                               atol=1e-3, rtol=0)
