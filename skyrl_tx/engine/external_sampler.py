@@ -60,7 +60,11 @@ class ExternalSampler:
         self._pool = cf.ThreadPoolExecutor(HTTP_WORKERS, thread_name_prefix="skyrl-tx-vllm")
         self._ids = itertools.count()
         self._running: dict[cf.Future, int] = {}
-        models = self._get("/v1/models")["data"]
+        try:
+            models = self._get("/v1/models")["data"]
+        except ExternalInferenceError as exc:
+            raise ExternalInferenceError(f"--external-inference-url {url}: no vLLM answers there ({exc.message}); "
+                                         "start it first (README: vLLM as the sampling engine)") from exc
         bases = [m["id"] for m in models if not m.get("parent")]
         if not bases:
             raise ExternalInferenceError(f"--external-inference-url {url}: /v1/models lists no base model")
