@@ -197,6 +197,10 @@ def sample_result(response: dict[str, Any], request: SampleRequest) -> SampleRes
     return SampleResult(sequences, prompt_logprobs, topk)
 
 
+PROBE_TOKENS = [5, 17, 300, 42, 7, 99, 12, 64, 8, 250]  # a prompt any real vocabulary covers
+PROBE_TOLERANCE = 0.25  # nats: above rounding (1e-3 here) and most bf16 drift; two tiny presets differ by 0.66
+
+
 FULL_WEIGHTS_REFUSED = ("the external inference engine (--external-inference-url) samples the base model and LoRA "
                         "adapters only: vLLM's OpenAI server has no path to push full fine-tuned weights; sample "
                         "full fine-tuned models without --external-inference-url, or train a LoRA (rank >= 1)")
@@ -224,6 +228,26 @@ class ExternalSamplingBackend:
         self._in_flight: dict[int, str] = {}  # sample id → the vLLM model it samples
         log.info("sampling through the external inference server %s (base model %s); adapters in %s",
                  self.sampler.url, self.sampler.base_model, self._adapter_root)
+        self._check_same_base_model()
+
+    def _check_same_base_model(self) -> None:
+        """Warns when vLLM's prompt logprobs of a probe differ from ours: it likely serves another model (a
+        warning, not a refusal: another dtype or kernel moves logprobs too, though far less than PROBE_TOLERANCE)."""
+        probe = PROBE_TOKENS
+        try:
+            body = {"model": self.sampler.base_model, "prompt": probe, "max_tokens": 1, "prompt_logprobs": 0}
+            entries = self.sampler.post("/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
+            theirs = torch.tensor([_chosen_logprob(e, t) for e, t in zip(entries, probe[1:])], dtype=torch.float32)
+        except (SkyrlTxError, KeyError, IndexError, TypeError) as exc:
+            log.warning("could not compare vLLM's base model with skyrl_tx's (%s): make sure both serve the same "
+                        "model", exc)
+            return
+        ours = self._backend.token_logprobs([probe[:-1]], [probe[1:]])[0].to(torch.float32)  # [len(probe) - 1]
+        diff = float((ours - theirs).abs().max())
+        if diff > PROBE_TOLERANCE:
+            log.warning("the external inference server's base model %s does not look like skyrl_tx's: prompt "
+                        "logprobs of a probe differ by up to %.3f; start vLLM on the same model directory",
+                        self.sampler.base_model, diff)
 
     def __getattr__(self, name: str) -> Any:  # only for what is not defined here
         return getattr(self._backend, name)

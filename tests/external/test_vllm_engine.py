@@ -342,3 +342,12 @@ def test_openai_endpoint_samples_through_vllm(server_url: str, service_client: A
     assert out.usage.completion_tokens == len(want.tokens) > 0
     torch.testing.assert_close(torch.tensor(out.choices[0].logprobs.token_logprobs), torch.tensor(want.logprobs),
                                atol=1e-3, rtol=0)
+
+
+def test_another_base_model_in_vllm_is_warned_about(vllm_url: str, preset_cache: Path) -> None:
+    """skyrl_tx on tiny-qwen3 while vLLM serves tiny-qwen3-hd64 (same tokenizer, other weights): a warning at start."""
+    with live_server(base_model="tiny-qwen3", extra_args=["--external-inference-url", vllm_url]) as url:
+        log_text = url.log_tail(400)
+        assert "does not look like skyrl_tx's" in log_text, log_text
+    with live_server(base_model=PRESET, extra_args=["--external-inference-url", vllm_url]) as url:
+        assert "does not look like" not in url.log_tail(400)
