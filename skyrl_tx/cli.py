@@ -305,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     engine_parser = sub.add_parser("engine", help="run only the engine, for a server started with --engine external")
     add_serve_arguments(engine_parser)
     engine_parser.set_defaults(func=engine)
+    worker_parser = sub.add_parser("worker", help="run another node's data-parallel ranks for a server started with "
+                                   "fully_sharded_data_parallel_size and num_processes > 1")
+    worker_parser.add_argument("--coordinator-address", required=True, help="HOST:PORT of the engine's node "
+                               "(its backend-config coordinator_address)")
+    worker_parser.add_argument("--num-processes", type=int, required=True, help="node processes in all (the "
+                               "engine's included)")
+    worker_parser.add_argument("--process-id", type=int, required=True, help="this node process: 1 .. N-1")
+    worker_parser.add_argument("--base-model", required=True, help="the server's base model (same checkpoint)")
+    worker_parser.add_argument("--backend-config", default=None, help="the server's --backend-config JSON")
+    worker_parser.set_defaults(func=worker)
     merge_parser = sub.add_parser("export-merged", help="merge a PEFT LoRA adapter directory (e.g. from `tinker "
                                   "checkpoint download`) into its base model; writes a Hugging Face model directory")
     merge_parser.add_argument("--base-model", required=True, help="preset name, local HF directory or cached hub id")
@@ -315,6 +325,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_db_parser(sub)
     add_keys_parser(sub)
     return parser
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Another node's ranks of a data-parallel engine (skyrl_tx/parallel/data_parallel_backend.py)."""
+    import dataclasses
+
+    from skyrl_tx.config import BackendSettings
+    from skyrl_tx.models.checkpoint import resolve_model_path
+    from skyrl_tx.parallel.data_parallel_backend import run_node_process
+
+    settings = BackendSettings.from_json(args.backend_config)
+    settings = BackendSettings.from_dict({**dataclasses.asdict(settings), "coordinator_address": args.coordinator_address,
+                                          "num_processes": args.num_processes})
+    return run_node_process(resolve_model_path(args.base_model), settings, args.process_id)
 
 
 def export_merged(args: argparse.Namespace) -> int:

@@ -45,6 +45,10 @@ class BackendSettings:
     # computing its share of every forward_backward's rows by tokens; 1: one process
     # (skyrl_tx/parallel/data_parallel_backend.py). Weights and optimizer state are replicated, not sharded yet.
     fully_sharded_data_parallel_size: int = 1
+    # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
+    # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
+    num_processes: int = 1
+    coordinator_address: str = ""
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -95,7 +99,7 @@ class BackendSettings:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
                     "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb",
-                    "fully_sharded_data_parallel_size"):
+                    "fully_sharded_data_parallel_size", "num_processes"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.max_sampling_length < 2:

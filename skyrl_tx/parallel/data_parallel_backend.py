@@ -19,16 +19,16 @@ import ctypes
 import dataclasses
 import datetime
 import logging
-import multiprocessing
 import os
 import signal
-import socket
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.errors import InternalError
+from skyrl_tx.errors import InternalError, InvalidArgumentError
+from skyrl_tx.parallel.layout import RankLayout
 
 log = logging.getLogger("skyrl_tx.parallel")
 
@@ -41,12 +41,6 @@ IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait f
 
 class RanksDiverged(InternalError):
     """A mirrored call ended differently on some rank: the group's state can no longer be trusted."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _outcome(exc: BaseException | None) -> str:
@@ -63,7 +57,12 @@ def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int
     from skyrl_tx.parallel.group import RankAddress, join_group
 
     backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
-    channel = _Channel(backend, join_group(RankAddress(address, rank, world), timeout_s=COLLECTIVE_TIMEOUT_S))
+    try:
+        channel = _Channel(backend, join_group(RankAddress(address, rank, world), timeout_s=COLLECTIVE_TIMEOUT_S))
+    except InvalidArgumentError as exc:  # a configuration that cannot work: do not rejoin (exit code 2)
+        logging.basicConfig(level=logging.INFO)
+        log.error("rank %d: %s", rank, exc.message)
+        sys.exit(2)
     channel.serve()
 
 
@@ -77,6 +76,24 @@ class _Channel:
         self.backend, self.td = backend, td
         backend.attach_collectives(collectives)
         self.control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
+        self._check_same_everywhere()
+
+    def _check_same_everywhere(self) -> None:
+        """Every rank must serve the same model with the same build and layout (a node with another checkpoint or
+        version would silently train something else): compared at join, named on every rank."""
+        import torch
+
+        mine = {"model": dataclasses.asdict(self.backend.decoder_config), "torch": torch.__version__,
+                "world": self.td.get_world_size()}
+        everyone: list[Any] = [None] * self.td.get_world_size()
+        self.td.all_gather_object(everyone, mine, group=self.control)
+        for rank, theirs in enumerate(everyone):
+            differs = sorted(k for k in mine if theirs.get(k) != everyone[0].get(k))
+            if differs:
+                raise InvalidArgumentError(f"data parallel: rank {rank} differs from rank 0 in {', '.join(differs)} "
+                                           f"(rank 0: {[everyone[0][k] for k in differs]}, rank {rank}: "
+                                           f"{[theirs[k] for k in differs]}); start every node with the same "
+                                           "--base-model and skyrl_tx/torch versions")
 
     def send(self, command: Any) -> None:
         self.td.broadcast_object_list([command], src=0, group=self.control)
@@ -109,28 +126,19 @@ class DataParallelBackend:
         self._local, self._channel, self._workers = local, channel, workers
 
     @classmethod
-    def start(cls, model_dir: Path, settings: BackendSettings, world: int) -> DataParallelBackend:
-        """Starts world - 1 local worker processes (spawn), loads rank 0's replica, joins the group."""
+    def start(cls, model_dir: Path, settings: BackendSettings) -> DataParallelBackend:
+        """Starts this node's other ranks (spawn), loads rank 0's replica, joins the group (remote nodes' ranks
+        join through `skyrl-tx worker`), and checks every rank serves the same model with the same build."""
         from skyrl_tx.backend.native import NativeBackend
         from skyrl_tx.parallel.group import RankAddress, join_group
 
-        address = f"127.0.0.1:{_free_port()}"
-        context = multiprocessing.get_context("spawn")
-        def rank_settings(rank: int) -> dict[str, Any]:  # one device per rank on a GPU node
-            raw = dataclasses.asdict(settings)
-            if settings.device.startswith("cuda"):
-                raw["device"] = f"cuda:{rank}"
-            return raw
-
-        workers = [context.Process(target=_worker_main,
-                                   args=(str(model_dir), rank_settings(rank), rank, world, address),
-                                   name=f"skyrl_tx-rank{rank}", daemon=True) for rank in range(1, world)]
-        for w in workers:
-            w.start()
-        local = NativeBackend(Path(model_dir), BackendSettings.from_dict(rank_settings(0)))
-        channel = _Channel(local, join_group(RankAddress(address, 0, world), timeout_s=COLLECTIVE_TIMEOUT_S))
-        log.info("data parallel: %d ranks (rank 0 pid %d, workers %s)", world, os.getpid(),
-                 [w.pid for w in workers])
+        layout = RankLayout.from_settings(settings)
+        workers = layout.spawn(str(model_dir), settings, layout.ranks_of(0)[1:], _worker_main)
+        local = NativeBackend(Path(model_dir), BackendSettings.from_dict(layout.rank_settings(settings, 0)))
+        group = join_group(RankAddress(layout.coordinator_address, 0, layout.world), timeout_s=COLLECTIVE_TIMEOUT_S)
+        channel = _Channel(local, group)
+        log.info("data parallel: %d ranks over %d node process(es) at %s (rank 0 pid %d, local workers %s)",
+                 layout.world, layout.processes, layout.coordinator_address, os.getpid(), [w.pid for w in workers])
         return cls(local, channel, workers)
 
     def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -173,7 +181,29 @@ class DataParallelBackend:
 def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
     """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one."""
     if settings.fully_sharded_data_parallel_size > 1:
-        return DataParallelBackend.start(model_dir, settings, settings.fully_sharded_data_parallel_size)
+        return DataParallelBackend.start(model_dir, settings)
     from skyrl_tx.backend.native import NativeBackend
 
     return NativeBackend(model_dir, settings)
+
+
+def run_node_process(model_dir: Path, settings: BackendSettings, process_id: int) -> int:
+    """`skyrl-tx worker`: runs node process `process_id`'s ranks and starts them again whenever they exit (the
+    engine restarted, or its node went away: the ranks fail their next call and rejoin the next group). Returns 2
+    on a configuration error (the ranks report it), else runs until interrupted."""
+    import time
+
+    layout = RankLayout.from_settings(settings)
+    ranks = layout.ranks_of(process_id)
+    if process_id == 0:
+        raise InvalidArgumentError("process id 0 is the engine's node: start the server there, workers elsewhere")
+    while True:
+        procs = layout.spawn(str(model_dir), settings, ranks, _worker_main)
+        log.info("node process %d: ranks %s joining %s (pids %s)", process_id, list(ranks),
+                 layout.coordinator_address, [p.pid for p in procs])
+        for p in procs:
+            p.join()
+        if any(p.exitcode == 2 for p in procs):
+            return 2
+        log.warning("node process %d: ranks exited (%s); rejoining in 2 s", process_id, [p.exitcode for p in procs])
+        time.sleep(2.0)

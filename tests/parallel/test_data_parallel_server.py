@@ -101,3 +101,53 @@ def test_killing_the_engine_restarts_the_whole_group_with_the_same_weights(prese
     for name, losses in one_process_run["losses"].items():
         assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
     assert got["tokens"] == one_process_run["tokens"]
+
+
+def _worker_node(port: int, process_id: int, processes: int, world: int, base_model: str = "tiny-qwen3") -> Any:
+    import json
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "skyrl_tx.cli", "worker", "--coordinator-address",
+                             f"127.0.0.1:{port}", "--num-processes", str(processes), "--process-id", str(process_id),
+                             "--base-model", base_model, "--backend-config",
+                             json.dumps({"fully_sharded_data_parallel_size": world})],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_worker_nodes_joining_a_coordinator_train_as_one_process(preset_cache, one_process_run) -> None:
+    """As two more nodes would: `skyrl-tx worker --process-id 1|2` join the engine's coordinator address."""
+    from live_server import free_port
+
+    port = free_port()
+    nodes = [_worker_node(port, i, 3, 3) for i in (1, 2)]
+    try:
+        config = {"fully_sharded_data_parallel_size": 3, "num_processes": 3, "coordinator_address": f"127.0.0.1:{port}"}
+        with live_server(backend_config=config) as url:
+            assert "data parallel: 3 ranks over 3 node process(es)" in url.log_tail(), url.log_tail()
+            got = _train_and_sample(url)
+    finally:
+        for node in nodes:
+            node.kill()
+            node.wait(30)
+    for name, losses in one_process_run["losses"].items():
+        assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
+    assert got["tokens"] == one_process_run["tokens"]
+
+
+def test_a_node_with_another_model_is_refused_by_name(preset_cache) -> None:
+    """A worker node started with a different checkpoint stops with exit code 2, naming what differs."""
+    from live_server import free_port
+
+    port = free_port()
+    node = _worker_node(port, 1, 2, 2, base_model="tiny-llama3")
+    config = {"fully_sharded_data_parallel_size": 2, "num_processes": 2, "coordinator_address": f"127.0.0.1:{port}"}
+    try:
+        with pytest.raises(Exception):  # the engine refuses too: the server never gets ready
+            with live_server(backend_config=config, startup_timeout_s=60):
+                pass
+        output, _ = node.communicate(timeout=60)
+    finally:
+        node.kill()
+    assert node.returncode == 2, output
+    assert "rank 1 differs from rank 0 in model" in output, output

@@ -1,0 +1,66 @@
+"""RankLayout: which data-parallel ranks run where — `fully_sharded_data_parallel_size` ranks in all, spread evenly
+over `num_processes` node processes (the seed README's vocabulary: process 0 is the engine's node, the others run
+`skyrl-tx worker --process-id I`), one rank per device — and the local rank processes a node process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InvalidArgumentError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    world: int  # ranks in all
+    processes: int  # node processes (the engine's is process 0)
+    coordinator_address: str  # HOST:PORT of rank 0's TCPStore
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> RankLayout:
+        world, processes = settings.fully_sharded_data_parallel_size, max(settings.num_processes, 1)
+        if world % processes:
+            raise InvalidArgumentError(
+                f"--backend-config: fully_sharded_data_parallel_size {world} is not a multiple of num_processes "
+                f"{processes}: every node process runs the same number of ranks (one per device)")
+        if processes > 1 and not settings.coordinator_address:
+            raise InvalidArgumentError("--backend-config: num_processes > 1 needs coordinator_address (HOST:PORT "
+                                       "where the engine's node listens and the other nodes' workers join)")
+        return cls(world, processes, settings.coordinator_address or f"127.0.0.1:{_free_port()}")
+
+    @property
+    def ranks_per_process(self) -> int:
+        return self.world // self.processes
+
+    def ranks_of(self, process_id: int) -> range:
+        if not 0 <= process_id < self.processes:
+            raise InvalidArgumentError(f"process id {process_id} is not in [0, {self.processes}): set --process-id "
+                                       "below --num-processes")
+        return range(process_id * self.ranks_per_process, (process_id + 1) * self.ranks_per_process)
+
+    def rank_settings(self, settings: BackendSettings, rank: int) -> dict[str, Any]:
+        """The settings rank `rank` builds its replica with: on a GPU node, the node's device rank % per-node."""
+        raw = dataclasses.asdict(settings)
+        if settings.device.startswith("cuda"):
+            raw["device"] = f"cuda:{rank % self.ranks_per_process}"
+        return raw
+
+    def spawn(self, model_dir: str, settings: BackendSettings, ranks: range | list[int], target: Any) -> list[Any]:
+        """Starts `target(model_dir, settings_dict, rank, world, address)` for each rank, in its own process."""
+        context = multiprocessing.get_context("spawn")
+        procs = [context.Process(target=target, args=(model_dir, self.rank_settings(settings, rank), rank,
+                                                      self.world, self.coordinator_address),
+                                 name=f"skyrl_tx-rank{rank}", daemon=True) for rank in ranks]
+        for p in procs:
+            p.start()
+        return procs
