@@ -41,7 +41,7 @@ def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
     return ModelMeta(base_model=model.base_model, lora_rank=model.lora_rank, lora_alpha=executor.LORA_ALPHA,
                      train_attn=bool(lora.get("train_attn", True)), train_mlp=bool(lora.get("train_mlp", True)),
                      train_unembed=bool(lora.get("train_unembed", True)), seed=lora.get("seed"),
-                     optimizer_step=optimizer_step)
+                     optimizer_step=optimizer_step, optimizer=lora.get("optimizer", "adamw"))
 
 
 @dataclass
@@ -168,8 +168,7 @@ class Checkpointer:
         meta = formats.read_meta(read)
         self.backend.set_trainable_state(model_id, formats.read_weights(read, meta))
         if with_optimizer:
-            step, exp_avg, exp_avg_sq = formats.read_optimizer(read)
-            self.backend.set_optimizer_state(model_id, step, exp_avg, exp_avg_sq)
+            self.backend.restore_optimizer(model_id, formats.read_optimizer(read))
         return {"path": str(path), "model_id": model_id, "type": "load_weights"}
 
     def _refuse_if_used(self, db: Session, model_id: str) -> None:
