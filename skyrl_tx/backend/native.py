@@ -17,8 +17,8 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
-from skyrl_tx.types import (AdamParams, Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest, SampleResult, TrainRequest,
-                            TrainResult)
+from skyrl_tx.types import (Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest, SampleResult,
+                            TrainRequest, TrainResult)
 
 PEFT_PREFIX = "base_model.model."
 
@@ -149,7 +149,8 @@ class NativeBackend:
 
     def optim_step(self, model_id: str, params: OptimParams) -> dict[str, float]:
         """AdamParams for an AdamW model, DimuonParams for a Dimuon one (else InvalidArgumentError)."""
-        native = (load_extension().DimuonParams if isinstance(params, DimuonParams) else load_extension().AdamParams)()
+        ext = load_extension()
+        native = ext.DimuonParams() if isinstance(params, DimuonParams) else ext.AdamParams()
         for f in dataclasses.fields(params):
             setattr(native, f.name, float(getattr(params, f.name)))
         return dict(self._core.optim_step(model_id, native))

@@ -154,7 +154,7 @@ class Checkpointer:
 
     # ---- loading ----------------------------------------------------------------------------------
     def load_into(self, model_id: str, path_text: str, with_optimizer: bool, fresh: bool = False) -> dict[str, Any]:
-        """Restores a training checkpoint into `model_id` (weights, and AdamW state if asked)."""
+        """Restores a training checkpoint into `model_id` (weights, and optimizer state if asked)."""
         path = TinkerPath.parse(path_text, "load_weights: path")
         if path.kind != "weights":
             raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a "
@@ -166,9 +166,14 @@ class Checkpointer:
                 self._refuse_if_used(db, model_id)
         read = lambda name: self.store.read(location, name)  # noqa: E731
         meta = formats.read_meta(read)
+        saved = formats.read_optimizer(read) if with_optimizer else None
+        if saved is not None and saved["kind"] != self.backend.optimizer_kind(model_id):  # before any change
+            raise InvalidArgumentError(f"load_weights: {path} holds {saved['kind']} optimizer state, but model "
+                                       f"{model_id} uses {self.backend.optimizer_kind(model_id)}; load the weights "
+                                       "only, or create the model with that optimizer")
         self.backend.set_trainable_state(model_id, formats.read_weights(read, meta))
-        if with_optimizer:
-            self.backend.restore_optimizer(model_id, formats.read_optimizer(read))
+        if saved is not None:
+            self.backend.restore_optimizer(model_id, saved)
         return {"path": str(path), "model_id": model_id, "type": "load_weights"}
 
     def _refuse_if_used(self, db: Session, model_id: str) -> None:

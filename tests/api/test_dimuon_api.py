@@ -65,7 +65,11 @@ def test_save_state_resumes_dimuon_exactly(service_client: Any, tinker_env: str,
     without = [sdk_training.train_step(chosen, 10 + k, DIMUON) for k in range(2)]
     assert without[0] == pytest.approx(expected[0], rel=1e-5)  # same weights
     assert abs(without[-1] - expected[-1]) > 1e-4  # fresh momentum: the trajectory differs
-    unload(http, client, resumed, weights_only, chosen)
+    fresh_adam = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=RANK, seed=5).result()
+    with pytest.raises(tinker.BadRequestError, match="holds dimuon optimizer state.*uses adamw"):
+        fresh_adam.load_state_with_optimizer(path).result()
+    fresh_adam.load_state(path).result()  # the weights alone are fine
+    unload(http, client, resumed, weights_only, chosen, fresh_adam)
 
 
 def test_params_of_the_other_family_are_refused(service_client: Any, http: Any) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 import torch
 from engine_restart import FB, MODEL, Server, restart
 
 from skyrl_tx.db.models import FutureRecord, ModelRecord, SessionRecord, request_hash
 from skyrl_tx.engine import executor
+from skyrl_tx.errors import InvalidArgumentError
 
 DIMUON_STEP = {"model_id": MODEL, "optimizer_params": {"type": "dimuon", "learning_rate": 0.01,
                                                        "grad_clip_norm": 1.0, "beta1": 0.9}}
@@ -59,3 +61,25 @@ def test_dimuon_model_is_rebuilt_exactly_after_a_restart(tmp_path, tiny_model_di
     for engine in (loop, restarted):
         engine.backend.optim_step(MODEL, executor.optim_params(DIMUON_STEP))
     assert_same_dimuon_state(loop.backend, restarted.backend)
+
+
+def test_loading_dimuon_state_into_an_adamw_model_changes_nothing(tmp_path, tiny_model_dir) -> None:
+    """The engine checks the family before touching the weights (the API refuses it earlier, at submit)."""
+    server = Server(tmp_path, tiny_model_dir("tiny-qwen3"), every_steps=100)
+    loop = server.engine()
+    create_dimuon(server, loop)
+    server.submit("forward_backward", FB)
+    server.submit("optim_step", DIMUON_STEP)
+    while loop.step():
+        pass
+    path = f"tinker://{MODEL}/weights/point"
+    loop.checkpointer.save({"model_id": MODEL, "path": path})
+    server.create(loop, 4, model="s:train:1")  # AdamW
+    before = loop.backend.trainable_state("s:train:1")
+    with pytest.raises(InvalidArgumentError, match="holds dimuon optimizer state.*uses adamw"):
+        loop.checkpointer.load_into("s:train:1", path, with_optimizer=True)
+    after = loop.backend.trainable_state("s:train:1")
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    loop.checkpointer.load_into("s:train:1", path, with_optimizer=False)  # weights only: fine
+    assert torch.equal(loop.backend.trainable_state("s:train:1")[next(iter(before))],
+                       loop.backend.trainable_state(MODEL)[next(iter(before))])

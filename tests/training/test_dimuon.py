@@ -33,7 +33,8 @@ def reference_orthogonalise(m: torch.Tensor) -> torch.Tensor:
 
 class ReferenceDimuon:
     """Plain PyTorch Dimuon as the README states it: global-norm clipping (torch's clip_grad_norm_ rule),
-    EMA momentum m ← β1·m + (1−β1)·g (no Nesterov, no bias correction), W ← W − lr·NS(m) for A and B alike."""
+    EMA momentum m ← β1·m + (1−β1)·g (no Nesterov, no bias correction), W ← W − lr·NS(m) for A and B
+    alike; in float64, so the comparison measures the core's float32 rounding."""
 
     def __init__(self, weights: dict[str, torch.Tensor]):
         self.weights = {k: v.clone().double() for k, v in weights.items()}

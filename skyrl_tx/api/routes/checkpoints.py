@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
-from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, optimizer_kind
+from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, optimizer_kind, stored_optimizer
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_session, readable_checkpoint,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep, Principal
@@ -108,7 +108,8 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
         require_owned_model(db, body.model_id, who)
         check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="load_weights"):
-            path, _ = _training_checkpoint(db, body.path, who)
+            path, meta = _training_checkpoint(db, body.path, who)
+            check_existing_model_optimizer(body, meta, stored_optimizer(db, body.model_id))
         job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
@@ -167,3 +168,14 @@ def load_optimizer(body: LoadWeightsRequest, meta: ModelMeta) -> str:
         raise InvalidArgumentError(f"load_weights: optimizer_config.type {kind!r} updates LoRA factors; full "
                                    "fine-tuning (lora rank 0) uses adamw")
     return kind
+
+
+def check_existing_model_optimizer(body: LoadWeightsRequest, meta: ModelMeta, model_kind: str) -> None:
+    """A load into an existing model keeps its optimizer: optimizer_config may only repeat it, and optimizer
+    state must be of its family."""
+    if body.optimizer_config is not None and optimizer_kind(body.optimizer_config, "load_weights") != model_kind:
+        raise InvalidArgumentError(f"load_weights: optimizer_config cannot change the optimizer of existing model "
+                                   f"{body.model_id} ({model_kind})")
+    if body.optimizer and meta.optimizer != model_kind:
+        raise InvalidArgumentError(f"load_weights: the checkpoint holds {meta.optimizer} optimizer state, but model "
+                                   f"{body.model_id} uses {model_kind}; load the weights only (optimizer=False)")
