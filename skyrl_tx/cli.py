@@ -62,6 +62,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "behind one address need the same one")
     parser.add_argument("--url-signing-secret-file", default=None, metavar="PATH",
                         help="a file holding --url-signing-secret")
+    parser.add_argument("--external-inference-url", default=None, metavar="URL",
+                        help="sample with a vLLM server at URL (e.g. http://127.0.0.1:8001) instead of the built-in "
+                             "sampler; LoRA sampler weights are loaded into it at run time (README: vLLM as the "
+                             "sampling engine)")
 
 
 def _json_object(text: str | None, flag: str) -> dict:
@@ -105,7 +109,8 @@ def server_settings(args: argparse.Namespace):
                           checkpoints_storage_options=_json_object(storage_options, "--checkpoints-storage-options"),
                           engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None),
                           url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV),
-                          auth=getattr(args, "auth", None) or "none")
+                          auth=getattr(args, "auth", None) or "none",
+                          external_inference_url=getattr(args, "external_inference_url", None))
 
 
 def serve(args: argparse.Namespace) -> int:

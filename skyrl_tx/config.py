@@ -127,6 +127,8 @@ class ServerSettings:
     # keys: every route but healthz and the docs needs an API key (`skyrl-tx keys create`), and each key sees only
     # what it made (api/auth.py); none: no key is checked and everything has one owner (loopback only).
     auth: str = "none"
+    # A vLLM server's base URL (its OpenAI-compatible API): sampling goes there (engine/external_sampler.py).
+    external_inference_url: str | None = None
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases

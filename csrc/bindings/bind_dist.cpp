@@ -1,6 +1,9 @@
-// Binds NcclCommunicator when the build has CUDA + NCCL; otherwise reports the missing capability.
+// Binds Collectives (c10d, every build) and NcclCommunicator (CUDA + NCCL builds only).
+#include <pybind11/stl.h>
+
 #include "bindings/bindings.h"
 #include "common/errors.h"
+#include "dist/collectives.h"
 
 #ifdef SKYRL_TX_WITH_NCCL
 #include "dist/nccl_communicator.h"
@@ -11,6 +14,23 @@ namespace py = pybind11;
 namespace skyrl_tx::bindings {
 
 void bind_dist(py::module_& m) {
+  using dist::Collectives;
+  py::class_<Collectives>(m, "Collectives")
+      .def(py::init([](py::object group) {
+             // torch.distributed's ProcessGroup object → the C++ c10d::ProcessGroup it wraps (a new reference).
+             auto* raw = group.cast<c10d::ProcessGroup*>();
+             return Collectives(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(raw));
+           }),
+           py::arg("process_group"))
+      .def_property_readonly("rank", &Collectives::rank)
+      .def_property_readonly("world_size", &Collectives::world_size)
+      .def("all_reduce_sum", &Collectives::all_reduce_sum, py::arg("tensor"), py::call_guard<py::gil_scoped_release>())
+      .def("all_reduce_sum_flat", [](Collectives& c, std::vector<at::Tensor> tensors) { c.all_reduce_sum_flat(tensors); },
+           py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
+      .def("broadcast", &Collectives::broadcast, py::arg("tensor"), py::arg("root"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &Collectives::barrier, py::call_guard<py::gil_scoped_release>());
+  m.def("split_rows_by_tokens", &dist::split_rows_by_tokens, py::arg("row_tokens"), py::arg("world_size"));
 #ifdef SKYRL_TX_WITH_NCCL
   using dist::NcclCommunicator;
   py::class_<NcclCommunicator, std::shared_ptr<NcclCommunicator>>(m, "NcclCommunicator")

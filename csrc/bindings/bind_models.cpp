@@ -20,7 +20,12 @@ void bind_models(py::module_& m) {
       .def_readwrite("factor", &RopeScaling::factor)
       .def_readwrite("low_freq_factor", &RopeScaling::low_freq_factor)
       .def_readwrite("high_freq_factor", &RopeScaling::high_freq_factor)
-      .def_readwrite("original_max_position_embeddings", &RopeScaling::original_max_position_embeddings);
+      .def_readwrite("original_max_position_embeddings", &RopeScaling::original_max_position_embeddings)
+      .def_readwrite("beta_fast", &RopeScaling::beta_fast)
+      .def_readwrite("beta_slow", &RopeScaling::beta_slow)
+      .def_readwrite("mscale", &RopeScaling::mscale)
+      .def_readwrite("mscale_all_dim", &RopeScaling::mscale_all_dim)
+      .def_readwrite("attention_factor", &RopeScaling::attention_factor);
   py::class_<ModelConfig>(m, "ModelConfig")
       .def(py::init<>())
       .def_readwrite("architecture", &ModelConfig::architecture)
@@ -51,6 +56,12 @@ void bind_models(py::module_& m) {
       .def_readwrite("n_group", &ModelConfig::n_group)
       .def_readwrite("topk_group", &ModelConfig::topk_group)
       .def_readwrite("routed_scaling_factor", &ModelConfig::routed_scaling_factor)
+      .def_readwrite("q_lora_rank", &ModelConfig::q_lora_rank)
+      .def_readwrite("kv_lora_rank", &ModelConfig::kv_lora_rank)
+      .def_readwrite("qk_nope_head_dim", &ModelConfig::qk_nope_head_dim)
+      .def_readwrite("qk_rope_head_dim", &ModelConfig::qk_rope_head_dim)
+      .def_readwrite("v_head_dim", &ModelConfig::v_head_dim)
+      .def_readwrite("rope_interleave", &ModelConfig::rope_interleave)
       .def("validate", &ModelConfig::validate)
       .def(
           "mlp_layout",

@@ -12,6 +12,7 @@ const std::vector<ArchitectureSpec>& architectures() {
       {"qwen3", "Qwen3ForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/true},
       {"llama", "LlamaForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/false},
       {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionKind::kGqa, LayoutRule::kSparseStep, /*qk_norm=*/true},
+      {"deepseek_v3", "DeepseekV3ForCausalLM", AttentionKind::kMla, LayoutRule::kFirstKDense, /*qk_norm=*/false},
   };
   return specs;
 }
@@ -53,6 +54,7 @@ std::vector<MlpKind> mlp_layout(const ModelConfig& config) {
 const char* attention_kind_name(AttentionKind kind) {
   switch (kind) {
     case AttentionKind::kGqa: return "gqa";
+    case AttentionKind::kMla: return "mla";
   }
   return "?";
 }

@@ -8,7 +8,7 @@
 
 namespace skyrl_tx::models {
 
-enum class AttentionKind { kGqa };  // grouped-query attention (MLA: a follow-up)
+enum class AttentionKind { kGqa, kMla };  // grouped-query attention; multi-head latent attention (DeepSeek V2/V3)
 enum class MlpKind { kDense, kMoe };  // SwiGLU; routed SwiGLU experts (+ optional shared experts)
 
 /// How config.json says which layers are MoE layers.

@@ -5,6 +5,7 @@
 
 #include "common/errors.h"
 #include "models/architectures.h"
+#include "models/mla.h"
 #include "models/moe.h"
 #include "models/rope.h"
 #include "ops/fused_rmsnorm.h"
@@ -138,6 +139,7 @@ std::unique_ptr<AttentionModule> make_attention(const ModelConfig& config, Build
                                                 const std::string& prefix) {
   switch (find_architecture(config.architecture).attention) {
     case AttentionKind::kGqa: return std::make_unique<Attention>(config, ctx, prefix);
+    case AttentionKind::kMla: return std::make_unique<MlaAttention>(config, ctx, prefix);
   }
   throw Internal("unknown attention kind");
 }

@@ -26,8 +26,22 @@ void ModelConfig::validate() const {
                  resolved_head_dim(), ")");
   SKYRL_TX_CHECK(rms_norm_eps > 0, InvalidArgument, "model config: rms_norm_eps must be > 0");
   SKYRL_TX_CHECK(rope_theta > 0, InvalidArgument, "model config: rope_theta must be > 0");
-  SKYRL_TX_CHECK(rope_scaling.type == "default" || rope_scaling.type == "llama3", Unimplemented,
-                 "model config: rope scaling type '", rope_scaling.type, "' is not supported (supported: llama3)");
+  SKYRL_TX_CHECK(rope_scaling.type == "default" || rope_scaling.type == "llama3" || rope_scaling.type == "yarn",
+                 Unimplemented, "model config: rope scaling type '", rope_scaling.type,
+                 "' is not supported (supported: llama3, yarn)");
+  if (rope_scaling.type == "yarn") {
+    SKYRL_TX_CHECK(rope_scaling.factor > 0 && rope_scaling.original_max_position_embeddings > 0, InvalidArgument,
+                   "model config: yarn rope_scaling needs factor and original_max_position_embeddings > 0");
+  }
+  if (find_architecture(architecture).attention == AttentionKind::kMla) {
+    positive("kv_lora_rank", kv_lora_rank);
+    positive("qk_nope_head_dim", qk_nope_head_dim);
+    positive("qk_rope_head_dim", qk_rope_head_dim);
+    positive("v_head_dim", v_head_dim);
+    SKYRL_TX_CHECK(q_lora_rank >= 0, InvalidArgument, "model config: q_lora_rank must be >= 0");
+    SKYRL_TX_CHECK(resolved_head_dim() == qk_rope_head_dim, InvalidArgument, "model config: head_dim (",
+                   resolved_head_dim(), ") must equal qk_rope_head_dim (", qk_rope_head_dim, ") for MLA");
+  }
   if (rope_scaling.type == "llama3") {
     SKYRL_TX_CHECK(rope_scaling.factor > 0 && rope_scaling.low_freq_factor > 0 &&
                        rope_scaling.original_max_position_embeddings > 0,
@@ -54,6 +68,19 @@ void ModelConfig::validate() const {
     SKYRL_TX_CHECK(n_group == 1 || num_experts / n_group >= 2, InvalidArgument,
                    "model config: group-limited routing needs >= 2 experts per group");
   }
+}
+
+int64_t ModelConfig::cache_kv_heads() const {
+  return find_architecture(architecture).attention == AttentionKind::kMla ? 1 : num_key_value_heads;
+}
+
+int64_t ModelConfig::cache_key_dim() const {
+  return find_architecture(architecture).attention == AttentionKind::kMla ? kv_lora_rank + qk_rope_head_dim
+                                                                           : resolved_head_dim();
+}
+
+int64_t ModelConfig::cache_value_dim() const {
+  return find_architecture(architecture).attention == AttentionKind::kMla ? 0 : resolved_head_dim();
 }
 
 }  // namespace skyrl_tx::models

@@ -14,6 +14,13 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // YaRN ("rope_type": "yarn", DeepSeek V3): the ramp between interpolated and extrapolated frequencies, and the
+  // mscale terms of the cos/sin attention factor (attention_factor 0 = derived from factor, mscale, mscale_all_dim).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  double attention_factor = 0.0;
 };
 
 struct ModelConfig {
@@ -48,8 +55,20 @@ struct ModelConfig {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   double routed_scaling_factor = 1.0;
+  // Multi-head latent attention (DeepSeek V3). head_dim is the RoPE part, qk_rope_head_dim.
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool rope_interleave = false;  // RoPE on interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's weights)
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  /// What the KV cache holds per layer and token: GQA: [kv_heads, head_dim] K and V; MLA: the compressed latent,
+  /// one "head" of kv_lora_rank + qk_rope_head_dim, and no V (0).
+  int64_t cache_kv_heads() const;
+  int64_t cache_key_dim() const;
+  int64_t cache_value_dim() const;
   /// Throws InvalidArgument naming the first inconsistent field.
   void validate() const;
 };

@@ -16,7 +16,7 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
       routed_scaling_factor_(config.routed_scaling_factor),
       gate_(ctx.weights.take(prefix + ".gate.weight", {config.num_experts, config.hidden_size})) {
   if (sigmoid_) {
-    score_bias_ = ctx.weights.take(prefix + ".gate.e_score_correction_bias", {config.num_experts}).to(at::kFloat);
+    score_bias_ = ctx.weights.take(prefix + ".gate.e_score_correction_bias", {config.num_experts});
   }
   experts_.reserve(config.num_experts);
   for (int64_t e = 0; e < config.num_experts; ++e) {
@@ -40,7 +40,7 @@ std::pair<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& x) const {
   // DeepSeek V3 (noaux_tc): logits in float32; the bias picks experts, the unbiased sigmoid scores weigh them.
   const int64_t n = x.size(0), experts = gate_.size(0);
   at::Tensor scores = at::sigmoid(at::linear(x.to(at::kFloat), gate_.to(at::kFloat)));  // [N, E]
-  at::Tensor choice = (scores + score_bias_).detach();                                  // [N, E]
+  at::Tensor choice = (scores + score_bias_.to(at::kFloat)).detach();                   // [N, E]
   if (n_group_ > 1) {
     // A group's score is the sum of its best two experts; only the topk_group best groups stay eligible.
     at::Tensor group_scores =
@@ -134,9 +134,10 @@ void MoeMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule
 
 void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
   out.emplace_back(prefix + ".gate.weight", gate_);
-  // NOTE: e_score_correction_bias is a buffer, not a parameter (DeepSeek updates it outside the gradient step), so
-  // it is not listed: before a sigmoid-routed architecture is registered, full fine-tuning's model copy (built from
-  // named_parameters) must also carry such buffers.
+  // NOTE: e_score_correction_bias is a buffer in transformers (DeepSeek adjusts it outside the gradient step). It is
+  // listed so model copies (full fine-tuning, frozen snapshots, saved weights) carry it; its gradient is always 0
+  // (it only steers the top-k choice), so only AdamW's weight decay can move it under full fine-tuning.
+  if (score_bias_.defined()) out.emplace_back(prefix + ".gate.e_score_correction_bias", score_bias_);
   for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_parameters(str_cat(prefix, ".experts.", e), out);
   if (shared_) shared_->collect_parameters(prefix + ".shared_experts", out);
 }

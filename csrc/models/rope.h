@@ -1,4 +1,4 @@
-// Rotary position embedding (HF "rotate_half" convention), with Llama 3.1+ frequency scaling.
+// Rotary position embedding (HF "rotate_half" and DeepSeek's interleaved conventions), Llama 3.1+ and YaRN scaling.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,11 +19,17 @@ class RotaryEmbedding {
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, at::ScalarType dtype) const;
   /// x: [B, heads, T, head_dim]; cos/sin: [B, T, head_dim]. Returns x rotated.
   static at::Tensor apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  /// DeepSeek's interleaved pairs (x0, x1), (x2, x3), ...; the result is laid out de-interleaved, [evens | odds]
+  /// rotated (transformers' apply_rotary_pos_emb_interleave).
+  static at::Tensor apply_interleaved(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  /// YaRN's cos/sin multiplier (1 otherwise).
+  double attention_factor() const { return attention_factor_; }
 
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
   at::Tensor inv_freq_;  // [head_dim / 2], float32, on the model's device
+  double attention_factor_ = 1.0;
 };
 
 }  // namespace skyrl_tx::models

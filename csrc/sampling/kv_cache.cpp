@@ -12,9 +12,9 @@ KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t ma
                  "max_sampling_length >= 2 (got ", max_rows, ", ", max_len, ")");
   auto options = at::TensorOptions().dtype(dtype).device(device);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    // [rows, kv_heads, max_len, head_dim]
-    keys_.push_back(at::zeros({max_rows, config.num_key_value_heads, max_len, config.resolved_head_dim()}, options));
-    values_.push_back(at::zeros_like(keys_.back()));
+    // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim)
+    keys_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_key_dim()}, options));
+    values_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_value_dim()}, options));
   }
 }
 

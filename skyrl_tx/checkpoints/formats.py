@@ -41,7 +41,9 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 # Files copied from the base model into a full Hugging Face export, so it loads (and tokenizes) on its own.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
-TARGET_GROUPS = {"train_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+# Attention also names MLA's projections (DeepSeek V3); PEFT ignores target names a model does not have.
+TARGET_GROUPS = {"train_attn": ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                "kv_b_proj"),
                  "train_mlp": ("gate_proj", "up_proj", "down_proj"),
                  "train_unembed": ("lm_head",)}
 

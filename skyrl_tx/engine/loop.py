@@ -408,7 +408,9 @@ class EngineLoop:
         done = []
         for backend_id, result in self.backend.sample_step():
             f = self._sampling.pop(backend_id, None)
-            if f is not None:
+            if f is not None and getattr(result, "error", None) is not None:  # external sampler's failed request
+                done.append((f, None, _error(result.error)))
+            elif f is not None:
                 done.append((f, executor.sample_result(result), None))
         if done:  # every sample that finished in this step: one transaction, one notification
             self._finish_many(done)

@@ -25,7 +25,11 @@ SWEEP_EVERY_S = 5.0  # how often silent sessions and expired checkpoints are loo
 
 
 def build_loop(backend: Any, sessions: sessionmaker[Session], store: CheckpointStore, model_dir: Path,
-               notify: Notify, session_timeout_s: float) -> EngineLoop:
+               notify: Notify, session_timeout_s: float, external_inference_url: str | None = None) -> EngineLoop:
+    if external_inference_url:  # sampling through vLLM; training stays on the native backend
+        from skyrl_tx.engine.external_sampler import ExternalSamplingBackend
+
+        backend = ExternalSamplingBackend(backend, external_inference_url)
     backend = CountingBackend(backend)  # slots, snapshots, tokens for /metrics (engine/stats.py)
     checkpointer = Checkpointer(backend, store, sessions, model_dir)
     return EngineLoop(backend, sessions, checkpointer, notify=notify, session_timeout_s=session_timeout_s)

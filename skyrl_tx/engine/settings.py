@@ -27,6 +27,7 @@ class EngineSettings:
     backend: dict[str, Any] = field(default_factory=dict)  # BackendSettings fields
     checkpoints_storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # credentials
     session_timeout_s: float = 300.0
+    external_inference_url: str | None = None  # sampling through vLLM (engine/external_sampler.py)
 
     @classmethod
     def for_server(cls, settings: ServerSettings, model_dir: Path, database_url: str,
@@ -34,7 +35,8 @@ class EngineSettings:
         return cls(base_model=settings.base_model, model_dir=str(model_dir), database_url=database_url,
                    checkpoints_base=checkpoints_base, backend=dataclasses.asdict(settings.backend),
                    checkpoints_storage_options=dict(settings.checkpoints_storage_options),
-                   session_timeout_s=settings.session_timeout_s)
+                   session_timeout_s=settings.session_timeout_s,
+                   external_inference_url=settings.external_inference_url)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,5 +70,6 @@ class EngineSettings:
                  cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
         sessions = make_session_factory(make_engine(self.database_url))
         store = CheckpointStore(self.checkpoints_base, self.checkpoints_storage_options)
-        loop = build_loop(backend, sessions, store, Path(self.model_dir), notify, self.session_timeout_s)
+        loop = build_loop(backend, sessions, store, Path(self.model_dir), notify, self.session_timeout_s,
+                          external_inference_url=self.external_inference_url)
         run_engine(loop, stop, wake, on_ready=on_ready)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class ArchitectureSpec:
     model_type: str  # config.json "model_type"
     architecture: str  # config.json "architectures"[0]
-    attention: str  # "gqa"
+    attention: str  # "gqa" | "mla" (multi-head latent attention)
     layout: str  # "all_dense" | "sparse_step" (qwen3_moe) | "first_k_dense" (deepseek_v3)
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE
 
@@ -22,6 +22,7 @@ ARCHITECTURES: tuple[ArchitectureSpec, ...] = (
     ArchitectureSpec("qwen3", "Qwen3ForCausalLM", "gqa", "all_dense", True),
     ArchitectureSpec("llama", "LlamaForCausalLM", "gqa", "all_dense", False),
     ArchitectureSpec("qwen3_moe", "Qwen3MoeForCausalLM", "gqa", "sparse_step", True),
+    ArchitectureSpec("deepseek_v3", "DeepseekV3ForCausalLM", "mla", "first_k_dense", False),
 )
 
 BY_ARCHITECTURE = {spec.architecture: spec for spec in ARCHITECTURES}

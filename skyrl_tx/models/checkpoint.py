@@ -63,13 +63,40 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of all shards by HF name; a name in two shards is an error."""
+    """All tensors of all shards by HF name; a name in two shards is an error. Layers past num_hidden_layers
+    (DeepSeek V3's multi-token-prediction layers, which transformers ignores too) are left out."""
     from safetensors.torch import load_file
 
+    extra_layers = _extra_layer_prefix(model_dir)
     weights: dict[str, torch.Tensor] = {}
     for shard in safetensors_files(model_dir):
         for name, tensor in load_file(str(shard)).items():
             if name in weights:
                 raise InvalidArgumentError(f"base model: tensor {name!r} appears in more than one shard")
+            if extra_layers is not None and extra_layers(name):
+                continue
             weights[name] = tensor
     return weights
+
+
+def _extra_layer_prefix(model_dir: Path):
+    """A predicate for tensors of layers >= num_hidden_layers when config.json declares such extra layers."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    if raw.get("quantization_config"):
+        from skyrl_tx.errors import UnimplementedError
+
+        method = raw["quantization_config"].get("quant_method", "?")
+        raise UnimplementedError(f"base model: quantized checkpoints ({method}) are not supported; "
+                                 "use a bfloat16 or float32 copy of the weights")
+    if not raw.get("num_nextn_predict_layers"):
+        return None
+    layers = int(raw["num_hidden_layers"])
+
+    def extra(name: str) -> bool:
+        parts = name.split(".")
+        return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= layers
+
+    return extra

@@ -20,6 +20,12 @@ class RopeScalingConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # YaRN (DeepSeek V3)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float = 0.0  # 0: derived from factor and the mscales
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,13 @@ class DecoderConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # Multi-head latent attention (DeepSeek V3); head_dim is then qk_rope_head_dim.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
@@ -62,10 +75,21 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
     scaling = raw.get("rope_scaling") or params
     theta = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind not in ("default", "llama3"):
-        raise UnimplementedError(f"config.json: rope scaling type {kind!r} is not supported (supported: llama3)")
+    if kind not in ("default", "llama3", "yarn"):
+        raise UnimplementedError(f"config.json: rope scaling type {kind!r} is not supported (supported: llama3, yarn)")
     if kind == "default":
         return theta, RopeScalingConfig()
+    if kind == "yarn":
+        return theta, RopeScalingConfig(
+            type=kind,
+            factor=float(scaling["factor"]),
+            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            beta_fast=float(scaling.get("beta_fast") or 32.0),
+            beta_slow=float(scaling.get("beta_slow") or 1.0),
+            mscale=float(scaling.get("mscale") or 0.0),
+            mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
+            attention_factor=float(scaling.get("attention_factor") or 0.0),
+        )
     return theta, RopeScalingConfig(
         type=kind,
         factor=float(scaling["factor"]),
@@ -96,7 +120,8 @@ def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            head_dim=int(raw.get("qk_rope_head_dim") if BY_ARCHITECTURE[architecture].attention == "mla"
+                         else raw.get("head_dim") or raw["hidden_size"] // heads),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             rope_theta=theta,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -130,6 +155,13 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "n_group": int(raw.get("n_group") or 1),
         "topk_group": int(raw.get("topk_group") or 1),
         "routed_scaling_factor": float(raw.get("routed_scaling_factor") or 1.0),
+        "q_lora_rank": int(raw.get("q_lora_rank") or 0),
+        "kv_lora_rank": int(raw.get("kv_lora_rank") or 0),
+        "qk_nope_head_dim": int(raw.get("qk_nope_head_dim") or 0),
+        "qk_rope_head_dim": int(raw.get("qk_rope_head_dim") or 0),
+        "v_head_dim": int(raw.get("v_head_dim") or 0),
+        # transformers' DeepseekV3Config defaults to interleaved RoPE (the hub checkpoints' layout) without the key.
+        "rope_interleave": bool(raw.get("rope_interleave", raw.get("model_type") == "deepseek_v3")),
     }
 
 

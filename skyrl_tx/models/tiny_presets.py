@@ -73,6 +73,9 @@ PRESETS: dict[str, TinyPreset] = {
     for p in (
         _TINY_QWEN3,
         dataclasses.replace(_TINY_QWEN3, name="tiny-qwen3-tied", tie_word_embeddings=True, seed=1),
+        # For tests against a real vLLM (tests/external): vLLM's CPU attention has no head_dim 16 kernel; 64 works.
+        dataclasses.replace(_TINY_QWEN3, name="tiny-qwen3-hd64", hidden_size=128, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=64, seed=5),
         # Shaped like Llama 3.2 1B: tied embeddings, llama3 rope scaling, theta 5e5.
         TinyPreset(
             name="tiny-llama3",
@@ -102,15 +105,39 @@ PRESETS: dict[str, TinyPreset] = {
             extra_config={"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                           "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [0]},
         ),
+        # Shaped like DeepSeek V3: MLA (q and kv low-rank, decoupled interleaved RoPE dims, YaRN with mscale),
+        # sigmoid group-limited routing with a score-correction bias, a shared expert, a dense first layer.
+        TinyPreset(
+            name="tiny-deepseek-v3",
+            family="qwen3",  # the tokenizer (special tokens and chat template) of the Qwen3 presets
+            architecture="DeepseekV3ForCausalLM",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,  # = qk_rope_head_dim
+            tie_word_embeddings=False,
+            seed=4,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
+            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
+                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+            max_position_embeddings=2048,
+            extra_config={"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                          "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 32, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+                          "first_k_dense_replace": 1, "norm_topk_prob": True},
+        ),
     )
 }
 
 
 def _build_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
-    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     config_cls = {"Qwen3ForCausalLM": Qwen3Config, "LlamaForCausalLM": LlamaConfig,
-                  "Qwen3MoeForCausalLM": Qwen3MoeConfig}[preset.architecture]
+                  "Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV3ForCausalLM": DeepseekV3Config}[preset.architecture]
     return config_cls(
         architectures=[preset.architecture],
         vocab_size=vocab_size,
@@ -146,6 +173,9 @@ def _init_weights(model: Any, seed: int) -> None:
                 param.zero_()
             else:
                 param.copy_(0.02 * noise)
+        for name, buf in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's router bias: nonzero so it steers the choice
+                buf.copy_(0.05 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
 
 
 def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:

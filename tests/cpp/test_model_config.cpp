@@ -82,7 +82,7 @@ TEST(ModelConfig, NonPositiveEpsAndThetaAreInvalid) {
 }
 
 TEST(ModelConfig, UnsupportedRopeTypeIsUnimplemented) {
-  expect_rejects<Unimplemented>([](ModelConfig& c) { c.rope_scaling.type = "yarn"; }, "yarn");
+  expect_rejects<Unimplemented>([](ModelConfig& c) { c.rope_scaling.type = "dynamic"; }, "dynamic");  // yarn: supported
   expect_rejects<Unimplemented>([](ModelConfig& c) { c.rope_scaling.type = "linear"; }, "rope");
   for (auto field : {&RopeScaling::factor, &RopeScaling::low_freq_factor}) {
     expect_rejects<InvalidArgument>([field](ModelConfig& c) {

@@ -263,6 +263,26 @@ TEST(Architectures, LayoutsFollowTheConfig) {
   EXPECT_THROW((void)mlp_layout(c), Unimplemented);
 }
 
+TEST(Architectures, MlaCachesTheLatentNotKeysAndValues) {
+  ModelConfig c = moe_config(1);
+  c.architecture = "DeepseekV3ForCausalLM";
+  c.scoring_func = "sigmoid";
+  c.kv_lora_rank = 16;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 8;
+  c.head_dim = 8;
+  c.v_head_dim = 16;
+  ASSERT_NO_THROW(c.validate());
+  EXPECT_EQ(c.cache_kv_heads(), 1);
+  EXPECT_EQ(c.cache_key_dim(), 16 + 8);  // kv_lora_rank + qk_rope_head_dim per token, not heads x (K + V)
+  EXPECT_EQ(c.cache_value_dim(), 0);
+  c.head_dim = 16;  // MLA's head_dim is the RoPE part
+  EXPECT_THROW(c.validate(), InvalidArgument);
+  ModelConfig gqa = moe_config(0);
+  EXPECT_EQ(gqa.cache_key_dim(), gqa.resolved_head_dim());
+  EXPECT_EQ(gqa.cache_kv_heads(), gqa.num_key_value_heads);
+}
+
 TEST(Architectures, MoeConfigIsValidated) {
   ModelConfig c = moe_config(0);
   EXPECT_NO_THROW(c.validate());

@@ -66,7 +66,8 @@ def test_preset_loads_and_matches_config(preset_dirs: dict[str, Path], name: str
     raw = json.loads((path / "config.json").read_text())
     assert raw["rope_theta"] == preset.rope_theta and raw["rope_scaling"] == preset.rope_scaling
     if preset.rope_scaling:
-        assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["factor"] == 32.0
+        assert config.rope_parameters["rope_type"] == preset.rope_scaling["rope_type"]  # llama3, or yarn (DeepSeek)
+        assert config.rope_parameters["factor"] == preset.rope_scaling["factor"]
 
     tensors = load_file(path / "model.safetensors")
     assert ("lm_head.weight" in tensors) == (not preset.tie_word_embeddings)

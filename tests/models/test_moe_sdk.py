@@ -1,4 +1,4 @@
-"""tiny-qwen3-moe through the real tinker SDK on a live server: the quickstart trains and samples, resume is exact,
+"""The MoE presets through the real tinker SDK on a live server: the quickstart trains and samples, resume is exact,
 and the RL example's sampler-trainer logprob gap stays tiny."""
 
 from __future__ import annotations
@@ -18,20 +18,21 @@ from sdk_training import train_step
 from skyrl_tx.models.tiny_presets import resolve_preset
 
 REPO = Path(__file__).resolve().parents[2]
-PRESET = "tiny-qwen3-moe"
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
 API_KEY = "tml-test"
 
 
-@pytest.fixture(scope="module")
-def server(preset_cache: Path) -> Iterator[ServerUrl]:
-    resolve_preset(PRESET)  # generated once, in this session's cache, before the server looks for it
-    with live_server(base_model=PRESET) as url:
+@pytest.fixture(scope="module", params=PRESETS)
+def server(request: pytest.FixtureRequest, preset_cache: Path) -> Iterator[ServerUrl]:
+    resolve_preset(request.param)  # generated once, in this session's cache, before the server looks for it
+    with live_server(base_model=request.param) as url:
+        url.preset = request.param
         yield url
 
 
 def client_env(server: ServerUrl, preset_cache: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "TINKER_BASE_URL": server, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0",
-            "SKYRL_TX_CACHE_DIR": str(preset_cache), "BASE_MODEL": PRESET, "OMP_NUM_THREADS": "1", **extra}
+            "SKYRL_TX_CACHE_DIR": str(preset_cache), "BASE_MODEL": server.preset, "OMP_NUM_THREADS": "1", **extra}
 
 
 def run_example(server: ServerUrl, preset_cache: Path, script: str, **env: str) -> str:
@@ -64,7 +65,7 @@ def test_resume_with_optimizer_is_exact(server: ServerUrl, preset_cache: Path, m
         monkeypatch.setenv(key, value)
     service = tinker.ServiceClient()
     adam = tinker.types.AdamParams(learning_rate=5e-3)
-    client = service.create_lora_training_client(base_model=PRESET, rank=4, seed=5).result()
+    client = service.create_lora_training_client(base_model=server.preset, rank=4, seed=5).result()
     for step in range(2):
         train_step(client, step, adam)
     path = client.save_state("moe_resume").result().path

@@ -1,4 +1,5 @@
-"""Qwen3 MoE sampling (KV cache, continuous batching): greedy equals transformers generate, logprobs equal a forward."""
+"""MoE presets sampling (KV cache, MLA's latent cache, continuous batching): greedy equals transformers generate,
+sampled and prompt logprobs equal a forward."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import SampleRequest, SamplingParams
 
-PRESET = "tiny-qwen3-moe"
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
 LENGTHS = [1, 4, 13, 37]
 MAX_NEW = 16
 RANK, ALPHA = 4, 8.0
 
 
-@pytest.fixture(scope="module")
-def env(tiny_model_dir) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
+@pytest.fixture(scope="module", params=PRESETS)
+def env(request: pytest.FixtureRequest, tiny_model_dir) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
-    path = tiny_model_dir(PRESET)
+    path = tiny_model_dir(request.param)
     backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8))
     backend.create_model("moe-lora", lora_rank=RANK, alpha=ALPHA)
     gen = torch.Generator().manual_seed(7)

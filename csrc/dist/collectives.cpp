@@ -1,0 +1,80 @@
+// Collectives over a c10d process group (see collectives.h) and the token-balanced data-parallel split.
+#include "dist/collectives.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/errors.h"
+
+namespace skyrl_tx::dist {
+
+Collectives::Collectives(c10::intrusive_ptr<c10d::ProcessGroup> group) : group_(std::move(group)) {
+  SKYRL_TX_CHECK(group_, InvalidArgument, "Collectives: no process group");
+}
+
+int Collectives::rank() const { return group_->getRank(); }
+int Collectives::world_size() const { return group_->getSize(); }
+
+void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw Internal(str_cat("collective ", what, " failed on rank ", rank(), " of ", world_size(),
+                           " (a rank died or hung past the group timeout): ", e.what()),
+                   __FILE__, __LINE__);
+  }
+}
+
+void Collectives::all_reduce_sum(at::Tensor& tensor) {
+  SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "all_reduce_sum: the tensor must be contiguous");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  wait(group_->allreduce(tensors, options), "all_reduce_sum");
+}
+
+void Collectives::all_reduce_sum_flat(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  std::vector<at::Tensor> flat_parts;
+  flat_parts.reserve(tensors.size());
+  for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+  at::Tensor flat = at::cat(flat_parts);  // [sum of numels], one buffer for one collective
+  all_reduce_sum(flat);
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+void Collectives::broadcast(at::Tensor& tensor, int root) {
+  SKYRL_TX_CHECK(root >= 0 && root < world_size(), InvalidArgument, "broadcast: root ", root, " is not a rank of ",
+                 world_size());
+  SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "broadcast: the tensor must be contiguous");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  wait(group_->broadcast(tensors, options), "broadcast");
+}
+
+void Collectives::barrier() { wait(group_->barrier(), "barrier"); }
+
+std::vector<int64_t> split_rows_by_tokens(const std::vector<int64_t>& row_tokens, int64_t world_size) {
+  SKYRL_TX_CHECK(world_size >= 1, InvalidArgument, "split_rows_by_tokens: world_size must be >= 1, got ",
+                 world_size);
+  std::vector<int64_t> order(row_tokens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return row_tokens[a] > row_tokens[b]; });
+  std::vector<int64_t> load(world_size, 0), rank_of_row(row_tokens.size(), 0);
+  for (int64_t row : order) {
+    SKYRL_TX_CHECK(row_tokens[row] >= 0, InvalidArgument, "split_rows_by_tokens: row ", row,
+                   " has a negative token count");
+    const int64_t rank = std::min_element(load.begin(), load.end()) - load.begin();  // first minimum: lowest rank
+    rank_of_row[row] = rank;
+    load[rank] += row_tokens[row];
+  }
+  return rank_of_row;
+}
+
+}  // namespace skyrl_tx::dist

@@ -1,0 +1,1 @@
+"""Scale-out across ranks: process groups (group.py); data- and tensor-parallel plans build on them."""

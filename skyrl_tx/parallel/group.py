@@ -1,0 +1,79 @@
+"""join_group: a rank joins the engine's c10d process group and gets the C++ collectives on it.
+
+Rendezvous is c10d's TCPStore at the coordinator address (rank 0 hosts it, as torchrun's MASTER_ADDR/MASTER_PORT
+would); the group is ProcessGroupGloo on CPU and ProcessGroupNCCL on CUDA, made by torch.distributed, and every
+collective of a step is issued from C++ (skyrl_tx._C.Collectives, csrc/dist/collectives.h says why).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from skyrl_tx._ext import load_extension
+from skyrl_tx.errors import InternalError, InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class RankAddress:
+    """Where a rank joins and who it is: `coordinator_address` is HOST:PORT of rank 0's store."""
+
+    coordinator_address: str
+    rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> RankAddress:
+        """torchrun / SLURM-style variables: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE."""
+        env = os.environ if environ is None else environ
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if k not in env]
+        if missing:
+            raise InvalidArgumentError(f"rank address: {', '.join(missing)} not set in the environment")
+        return cls(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", int(env["RANK"]), int(env["WORLD_SIZE"]))
+
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.coordinator_address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgumentError(f"coordinator_address {self.coordinator_address!r} is not HOST:PORT "
+                                       "(e.g. 10.0.0.1:29500)")
+        return host, int(port)
+
+    def check(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise InvalidArgumentError(f"rank {self.rank} is not in [0, {self.world_size}): set process_id / RANK "
+                                       "below num_processes / WORLD_SIZE")
+
+
+def join_group(address: RankAddress, device: str = "cpu", timeout_s: float = 60.0) -> Any:
+    """Joins (rank 0 also hosts the store) and returns skyrl_tx._C.Collectives. Ranks that do not all join within
+    `timeout_s` fail every rank with an error that names the coordinator, the world size and this rank."""
+    address.check()
+    host, port = address.host_port()
+    native = load_extension()  # torch first, then _C
+    import torch.distributed as td
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = td.TCPStore(host, port, address.world_size, is_master=address.rank == 0, timeout=timeout,
+                            wait_for_workers=True)
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if td.is_initialized():
+            raise InvalidArgumentError("join_group: this process already belongs to a process group")
+        td.init_process_group(backend, store=store, rank=address.rank, world_size=address.world_size,
+                              timeout=timeout)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds (DistStoreError, RuntimeError, timeouts)
+        raise InternalError(f"rank {address.rank} of {address.world_size} could not join the group at "
+                            f"{address.coordinator_address} within {timeout_s:g} s (a rank missing or slow to "
+                            f"start, or the address unreachable): {exc}") from exc
+    return native.Collectives(td.distributed_c10d._get_default_group())
+
+
+def leave_group() -> None:
+    import torch.distributed as td
+
+    if td.is_initialized():
+        td.destroy_process_group()
