@@ -10,6 +10,7 @@
 
 #include "backend/backend_config.h"
 #include "batching/train_batch.h"
+#include "dist/collectives.h"
 #include "lora/adapter_registry.h"
 #include "models/causal_lm.h"
 #include "optim/adamw.h"
@@ -67,6 +68,10 @@ class Backend {
   std::vector<batching::TrainResult> forward_backward(const std::vector<batching::TrainRequest>& requests);
   /// Same outputs as forward_backward, without gradients or any other side effect.
   std::vector<batching::TrainResult> forward(const std::vector<batching::TrainRequest>& requests);
+  /// Data parallelism: from now on every rank of `group` makes the same calls with the same requests; each
+  /// computes its share of the rows (split by tokens), and all end with the same results and the gradients summed
+  /// over the ranks, as one process would have them (backend/data_parallel.h). nullptr: one process again.
+  void attach_collectives(std::shared_ptr<dist::Collectives> group) { collectives_ = std::move(group); }
   /// AdamW on one model's accumulated gradients, then frees them (read back as zeros). Returns grad_norm,
   /// learning_rate, step.
   std::map<std::string, double> optim_step(const std::string& model_id, const optim::AdamParams& params);
@@ -123,6 +128,7 @@ class Backend {
   std::vector<std::string> adapter_module_names(const std::string& adapter_id) const;
 
  private:
+  std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
   std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
   std::vector<batching::TrainResult> run_requests(const std::vector<batching::TrainRequest>& requests, bool train);
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "backend/data_parallel.h"
 #include "backend/fault_injection.h"
 #include "backend/grad_transaction.h"
 #include "backend/micro_batch.h"
@@ -185,8 +186,16 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     }
     grads.emplace(*model_, slots, full_models);
   }
+  // Data parallelism: this rank computes its share of the rows; the gradients and outputs are summed below.
+  const bool parallel = collectives_ && collectives_->world_size() > 1;
+  const std::vector<char> mine = parallel ? rows_of_this_rank(rows, *collectives_) : std::vector<char>(rows.size(), 1);
   int64_t micro_index = 0;
-  for (const auto& [model, row_ids] : groups) {
+  for (const auto& [model, group_rows] : groups) {
+    std::vector<size_t> row_ids;
+    for (size_t id : group_rows) {
+      if (mine[id]) row_ids.push_back(id);
+    }
+    if (row_ids.empty()) continue;
     for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens)) {
       std::vector<const batching::TrainRow*> batch_rows;
       std::vector<int64_t> slots;
@@ -208,6 +217,10 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     }
   }
   for (size_t r = 0; r < requests.size(); ++r) results[r].metrics["loss:sum"] = loss_sums[r];
+  if (parallel) {  // every rank, rows or not: the collectives need them all
+    share_row_outputs(rows, mine, results, *collectives_, model_->options().device);
+    if (grads) grads->all_reduce(*collectives_);
+  }
   if (grads) grads->commit();  // last: nothing after it can fail
   return results;
 }

@@ -37,6 +37,20 @@ GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<in
   for (ParamGrad& p : params_) p.before = std::exchange(p.param.mutable_grad(), at::Tensor());
 }
 
+void GradTransaction::all_reduce(dist::Collectives& group) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;  // the order of lora_ then params_: the same on every rank
+  for (LoraGrads& g : lora_) {
+    grads.push_back(g.module->slot_grad_a(g.slot));  // allocated (zeros) where this rank had no rows
+    grads.push_back(g.module->slot_grad_b(g.slot));
+  }
+  for (ParamGrad& p : params_) {
+    if (!p.param.grad().defined()) p.param.mutable_grad() = at::zeros_like(p.param);
+    grads.push_back(p.param.grad());
+  }
+  group.all_reduce_sum_flat(grads);
+}
+
 void GradTransaction::commit() {
   c10::NoGradGuard no_grad;
   for (LoraGrads& g : lora_) {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/collectives.h"
 #include "lora/lora_linear.h"
 #include "models/causal_lm.h"
 
@@ -27,6 +28,10 @@ class GradTransaction {
   GradTransaction(const GradTransaction&) = delete;
   GradTransaction& operator=(const GradTransaction&) = delete;
   ~GradTransaction();
+
+  /// Data parallelism: sums the batch's gradients over the ranks of `group` (one flat buffer; a tensor this
+  /// rank did not touch contributes zeros). Every rank calls it with the same slots and models, before commit.
+  void all_reduce(dist::Collectives& group);
 
   /// Keeps the batch's gradients plus the set-aside ones. Leaves the set-aside tensors unmodified until the
   /// end, so a failure inside commit itself still rolls back exactly.

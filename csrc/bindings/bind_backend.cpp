@@ -32,6 +32,7 @@ void bind_backend(py::module_& m) {
       .def("remove_model", &Backend::remove_model, py::arg("model_id"), Release())
       .def("forward_backward", &Backend::forward_backward, py::arg("requests"), Release())
       .def("forward", &Backend::forward, py::arg("requests"), Release())
+      .def("attach_collectives", &Backend::attach_collectives, py::arg("group"))
       .def("optim_step", py::overload_cast<const std::string&, const optim::AdamParams&>(&Backend::optim_step),
            py::arg("model_id"), py::arg("params"), Release())
       .def("optim_step", py::overload_cast<const std::string&, const optim::DimuonParams&>(&Backend::optim_step),

@@ -15,11 +15,11 @@ namespace skyrl_tx::bindings {
 
 void bind_dist(py::module_& m) {
   using dist::Collectives;
-  py::class_<Collectives>(m, "Collectives")
+  py::class_<Collectives, std::shared_ptr<Collectives>>(m, "Collectives")
       .def(py::init([](py::object group) {
              // torch.distributed's ProcessGroup object → the C++ c10d::ProcessGroup it wraps (a new reference).
              auto* raw = group.cast<c10d::ProcessGroup*>();
-             return Collectives(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(raw));
+             return std::make_shared<Collectives>(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(raw));
            }),
            py::arg("process_group"))
       .def_property_readonly("rank", &Collectives::rank)

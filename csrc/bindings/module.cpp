@@ -40,6 +40,6 @@ PYBIND11_MODULE(_C, m) {
   skyrl_tx::bindings::bind_models(m);
   skyrl_tx::bindings::bind_training(m);
   skyrl_tx::bindings::bind_sampling(m);
+  skyrl_tx::bindings::bind_dist(m);  // before the backend: Backend.attach_collectives names Collectives
   skyrl_tx::bindings::bind_backend(m);
-  skyrl_tx::bindings::bind_dist(m);
 }

@@ -147,6 +147,12 @@ class NativeBackend:
         """forward_backward's outputs without gradients or side effects."""
         return _results(self._core.forward([_native_request(r) for r in requests]))
 
+    def attach_collectives(self, group: Any) -> None:
+        """Data parallelism (skyrl_tx.parallel.group.join_group's Collectives; None: one process again): every rank
+        then makes the same calls with the same requests, computes its share of the rows and ends with the same
+        results and summed gradients as one process."""
+        self._core.attach_collectives(group)
+
     def optim_step(self, model_id: str, params: OptimParams) -> dict[str, float]:
         """AdamParams for an AdamW model, DimuonParams for a Dimuon one (else InvalidArgumentError)."""
         ext = load_extension()

@@ -40,8 +40,7 @@ class ExternalInferenceError(SkyrlTxError):
 
 
 def _base_url(url: str) -> str:
-    url = url.rstrip("/")
-    return url[:-3] if url.endswith("/v1") else url
+    return url.rstrip("/").removesuffix("/v1")
 
 
 class FailedSample(SampleResult):
@@ -237,30 +236,34 @@ class ExternalSamplingBackend:
             return  # full fine-tuned weights: vLLM cannot take them; sampling them is refused (submit_sample)
         state = self._backend.trainable_state(model_id)  # PEFT-named float32 factors
         if any(".lora_" in name for name in state):
-            self._publish(snapshot_id, state, self._alphas.get(model_id, LORA_ALPHA))
+            self._publish_or_undo(snapshot_id, state, self._alphas.get(model_id, LORA_ALPHA))
 
     def load_snapshot(self, snapshot_id: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: float,
                       **kwargs: Any) -> None:
         self._backend.load_snapshot(snapshot_id, weights, rank=rank, alpha=alpha, **kwargs)
         peft = {k if k.startswith("base_model.model.") else "base_model.model." + k: v for k, v in weights.items()}
-        self._publish(snapshot_id, peft, alpha)
+        self._publish_or_undo(snapshot_id, peft, alpha)
 
     def remove_snapshot(self, snapshot_id: str) -> None:
         if snapshot_id in self._in_flight.values():
             raise ConflictError(f"snapshot {snapshot_id!r} still serves samples on the external inference server")
         self._backend.remove_snapshot(snapshot_id)
-        directory = self._published.pop(snapshot_id, None)
-        if directory is not None:
-            try:
-                self.sampler.post("/v1/unload_lora_adapter", {"lora_name": snapshot_id})
-            except ExternalInferenceError:
-                log.warning("could not unload adapter %s from %s", snapshot_id, self.sampler.url, exc_info=True)
-            shutil.rmtree(directory, ignore_errors=True)
+        if snapshot_id in self._published:
+            self._unpublish(snapshot_id)
+
+    def _publish_or_undo(self, snapshot_id: str, peft_state: dict[str, torch.Tensor], alpha: float) -> None:
+        """A snapshot vLLM cannot load is not kept: the save fails with vLLM's reason (e.g. a rank above its
+        --max-lora-rank) instead of leaving a sampling client that cannot sample."""
+        try:
+            self._publish(snapshot_id, peft_state, alpha)
+        except BaseException:
+            self._backend.remove_snapshot(snapshot_id)
+            raise
 
     def _publish(self, snapshot_id: str, peft_state: dict[str, torch.Tensor], alpha: float) -> None:
         """Writes the adapter as PEFT files and loads it into vLLM under the snapshot id."""
         if snapshot_id in self._published:  # an overwrite of a named snapshot: the old version goes first
-            self.remove_snapshot_from_server(snapshot_id)
+            self._unpublish(snapshot_id)
         directory = self._adapter_root / hashlib.sha256(snapshot_id.encode()).hexdigest()[:32]
         directory.mkdir(parents=True, exist_ok=True)
         config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": _rank(peft_state), "lora_alpha": alpha,
@@ -269,13 +272,30 @@ class ExternalSamplingBackend:
                   "modules_to_save": None, "base_model_name_or_path": self.sampler.base_model}
         (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
         save_file({k: v.contiguous() for k, v in peft_state.items()}, str(directory / "adapter_model.safetensors"))
-        self.sampler.post("/v1/load_lora_adapter", {"lora_name": snapshot_id, "lora_path": str(directory)})
+        body = {"lora_name": snapshot_id, "lora_path": str(directory)}
+        try:
+            self.sampler.post("/v1/load_lora_adapter", body)
+        except ExternalInferenceError:
+            # vLLM may still hold this name from an engine that ran before a restart (recovery re-creates the
+            # same snapshot ids): unload it and load again; a second refusal is vLLM's answer to this adapter.
+            self._unload(snapshot_id)
+            try:
+                self.sampler.post("/v1/load_lora_adapter", body)
+            except ExternalInferenceError as exc:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise InvalidArgumentError(f"sampler weights {snapshot_id!r}: the external inference server "
+                                           f"(vLLM) cannot load this LoRA adapter: {exc.message}") from exc
         self._published[snapshot_id] = directory
 
-    def remove_snapshot_from_server(self, snapshot_id: str) -> None:
-        directory = self._published.pop(snapshot_id)
-        self.sampler.post("/v1/unload_lora_adapter", {"lora_name": snapshot_id})
-        shutil.rmtree(directory, ignore_errors=True)
+    def _unpublish(self, snapshot_id: str) -> None:
+        self._unload(snapshot_id)
+        shutil.rmtree(self._published.pop(snapshot_id), ignore_errors=True)
+
+    def _unload(self, snapshot_id: str) -> None:
+        try:
+            self.sampler.post("/v1/unload_lora_adapter", {"lora_name": snapshot_id})
+        except ExternalInferenceError:
+            log.warning("could not unload adapter %s from %s", snapshot_id, self.sampler.url, exc_info=True)
 
     # ---- sampling -----------------------------------------------------------------------------------
     def submit_sample(self, request: SampleRequest) -> int:
