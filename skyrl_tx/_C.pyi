@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections.abc
 import torch
 import typing
-__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'Collectives', 'DatumOutput', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'split_rows_by_tokens', 'supported_architectures']
+__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'Collectives', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
 class RopeScaling:
     type: str
     def __init__(self) -> None:
@@ -410,6 +410,29 @@ class AdamParams:
     @weight_decay.setter
     def weight_decay(self, arg0: typing.SupportsFloat) -> None:
         ...
+class DimuonParams:
+    def __init__(self) -> None:
+        ...
+    def validate(self) -> None:
+        ...
+    @property
+    def beta1(self) -> float:
+        ...
+    @beta1.setter
+    def beta1(self, arg0: typing.SupportsFloat) -> None:
+        ...
+    @property
+    def grad_clip_norm(self) -> float:
+        ...
+    @grad_clip_norm.setter
+    def grad_clip_norm(self, arg0: typing.SupportsFloat) -> None:
+        ...
+    @property
+    def learning_rate(self) -> float:
+        ...
+    @learning_rate.setter
+    def learning_rate(self, arg0: typing.SupportsFloat) -> None:
+        ...
 class SamplingParams:
     stop_at_eos: bool
     def __init__(self) -> None:
@@ -532,6 +555,7 @@ class NcclCommunicator:
     def world_size(self) -> int:
         ...
 class OptimizerState:
+    kind: str
     def __init__(self) -> None:
         ...
     @property
@@ -545,6 +569,12 @@ class OptimizerState:
         ...
     @exp_avg_sq.setter
     def exp_avg_sq(self, arg0: collections.abc.Mapping[str, torch.Tensor]) -> None:
+        ...
+    @property
+    def momentum(self) -> dict[str, torch.Tensor]:
+        ...
+    @momentum.setter
+    def momentum(self, arg0: collections.abc.Mapping[str, torch.Tensor]) -> None:
         ...
     @property
     def step(self) -> int:
@@ -575,7 +605,13 @@ class Backend:
         ...
     def load_snapshot(self, snapshot_id: str, lora_config: LoraConfig, weights: collections.abc.Mapping[str, torch.Tensor]) -> None:
         ...
+    @typing.overload
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        ...
+    @typing.overload
+    def optim_step(self, model_id: str, params: DimuonParams) -> dict[str, float]:
+        ...
+    def optimizer_kind(self, model_id: str) -> str:
         ...
     def optimizer_state(self, model_id: str) -> OptimizerState:
         ...
@@ -592,6 +628,8 @@ class Backend:
     def sampling_idle(self) -> bool:
         ...
     def set_adapter_weights(self, adapter_id: str, weights: collections.abc.Mapping[str, torch.Tensor]) -> None:
+        ...
+    def set_optimizer_kind(self, model_id: str, kind: str) -> None:
         ...
     def set_optimizer_state(self, model_id: str, state: OptimizerState) -> None:
         ...
@@ -621,6 +659,10 @@ def _testing_fail_micro_batch(k: typing.SupportsInt) -> int:
     ...
 def build_info() -> dict:
     ...
+def newton_schulz(x: torch.Tensor) -> torch.Tensor:
+    """
+    Dimuon's batched Newton–Schulz orthogonalisation of x [n, r, k] (r <= k), float32.
+    """
 def split_rows_by_tokens(row_tokens: collections.abc.Sequence[typing.SupportsInt], world_size: typing.SupportsInt) -> list[int]:
     ...
 def supported_architectures() -> list[dict]:

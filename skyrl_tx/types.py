@@ -54,6 +54,18 @@ class AdamParams:
 
 
 @dataclass
+class DimuonParams:
+    """The SDK's DimuonParams (tinker 0.38); see optim/dimuon.h and the README's "Dimuon" for the update."""
+
+    learning_rate: float = 1e-4
+    grad_clip_norm: float = 0.0  # <= 0 = no clipping
+    beta1: float = 0.9
+
+
+OptimParams = AdamParams | DimuonParams
+
+
+@dataclass
 class SamplingParams:
     """The SDK's SamplingParams: temperature 0 = greedy; top_k <= 0 and top_p = 1 disable those cuts.
 

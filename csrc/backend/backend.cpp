@@ -73,6 +73,7 @@ void Backend::remove_adapter(const std::string& adapter_id) {
   const int64_t slot = registry_.release(adapter_id);
   for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
   optimizers_.erase(adapter_id);
+  dimuon_.erase(adapter_id);
 }
 
 void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<std::string, at::Tensor>& weights) {

@@ -14,6 +14,7 @@
 #include "lora/adapter_registry.h"
 #include "models/causal_lm.h"
 #include "optim/adamw.h"
+#include "optim/dimuon.h"
 #include "sampling/generator.h"
 
 namespace skyrl_tx::backend {
@@ -22,11 +23,14 @@ namespace skyrl_tx::backend {
 /// Whether an adapter with config `c` adapts the modules of `group`.
 bool targets_group(const lora::LoraConfig& c, models::LoraGroup group);
 
-/// AdamW state in checkpoint form (float32 CPU tensors keyed by trainable-tensor name).
+/// Optimizer state in checkpoint form (float32 CPU tensors keyed by trainable-tensor name): AdamW's moments
+/// (exp_avg, exp_avg_sq) or Dimuon's momentum, as `kind` says.
 struct OptimizerState {
+  std::string kind = "adamw";  // "adamw" | "dimuon"
   int64_t step = 0;
   std::map<std::string, at::Tensor> exp_avg;
   std::map<std::string, at::Tensor> exp_avg_sq;
+  std::map<std::string, at::Tensor> momentum;
 };
 
 class Backend {
@@ -71,16 +75,23 @@ class Backend {
   /// AdamW on one model's accumulated gradients, then frees them (read back as zeros). Returns grad_norm,
   /// learning_rate, step.
   std::map<std::string, double> optim_step(const std::string& model_id, const optim::AdamParams& params);
+  /// Dimuon on a model created with it (set_optimizer_kind); InvalidArgument for an AdamW model (and
+  /// AdamParams sent to a Dimuon model).
+  std::map<std::string, double> optim_step(const std::string& model_id, const optim::DimuonParams& params);
+  /// Chooses a model's optimizer ("adamw", the default, or "dimuon") right after creating it; fixed for its
+  /// life (Conflict once it has stepped with another). Dimuon is for LoRA models only (InvalidArgument).
+  void set_optimizer_kind(const std::string& model_id, const std::string& kind);
+  std::string optimizer_kind(const std::string& model_id) const;
   /// The model's trainable tensors (LoRA factors by "<module>.lora_A.weight", or HF names for full
   /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
 
   // ---- checkpoint state (backend_state.cpp) ----
-  /// AdamW state of a model as float32 CPU copies: step 0 and no moments before its first optim_step.
+  /// Optimizer state of a model as float32 CPU copies: step 0 and no moments before its first optim_step.
   OptimizerState optimizer_state(const std::string& model_id) const;
-  /// Restores AdamW state saved by optimizer_state. Names and shapes must match the model's trainable
-  /// tensors (InvalidArgument names the first mismatch); nothing changes on error.
+  /// Restores state saved by optimizer_state. Its kind must be the model's optimizer, names and shapes must
+  /// match the model's trainable tensors (InvalidArgument names the first mismatch); nothing changes on error.
   void set_optimizer_state(const std::string& model_id, const OptimizerState& state);
   /// Overwrites a model's trainable tensors: LoRA factors (as set_adapter_weights) or, for a full model,
   /// every HF-named parameter. All names and shapes are checked before anything is copied.
@@ -126,7 +137,9 @@ class Backend {
   lora::AdapterRegistry registry_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> full_models_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> frozen_models_;  // full-model snapshots (no grads)
-  std::map<std::string, optim::AdamState> optimizers_;  // one per model id
+  std::map<std::string, optim::AdamState> optimizers_;  // one per AdamW model id
+  std::map<std::string, optim::DimuonState> dimuon_;    // one per Dimuon model id (its presence = the kind)
+  void free_grads(const std::string& model_id);
 
   struct Snapshot {
     lora::LoraConfig config;

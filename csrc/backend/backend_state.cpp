@@ -34,6 +34,12 @@ void reject_unknown(const std::map<std::string, at::Tensor>& tensors, const std:
 OptimizerState Backend::optimizer_state(const std::string& model_id) const {
   trainable_tensors(model_id);  // NotFound for unknown models
   OptimizerState out;
+  out.kind = optimizer_kind(model_id);
+  if (auto d = dimuon_.find(model_id); d != dimuon_.end()) {
+    out.step = d->second.num_steps();
+    for (const auto& [name, m] : d->second.momentum()) out.momentum[name] = host_float(m);
+    return out;
+  }
   auto it = optimizers_.find(model_id);
   if (it == optimizers_.end()) return out;
   out.step = it->second.num_steps();
@@ -46,16 +52,36 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
 
 void Backend::set_optimizer_state(const std::string& model_id, const OptimizerState& state) {
   SKYRL_TX_CHECK(state.step >= 0, InvalidArgument, "load optimizer state: step must be >= 0 (got ", state.step, ")");
-  std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments;
+  const std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  const std::string kind = optimizer_kind(model_id);
+  SKYRL_TX_CHECK(state.kind == kind, InvalidArgument, "load optimizer state: the checkpoint holds ", state.kind,
+                 " optimizer state, but model '", model_id, "' uses ", kind,
+                 " (chosen at create_model); load the weights only, or create the model with the ", state.kind,
+                 " optimizer");
   std::set<std::string> known;
-  for (const auto& t : trainable_tensors(model_id)) {
-    known.insert(t.name);
+  for (const auto& t : tensors) known.insert(t.name);
+  const auto device = [](const optim::TrainableTensor& t) { return t.param.options().dtype(at::kFloat); };
+  if (kind == "dimuon") {
+    SKYRL_TX_CHECK(state.exp_avg.empty() && state.exp_avg_sq.empty(), InvalidArgument,
+                   "load optimizer state: dimuon state holds no AdamW moments");
+    std::map<std::string, at::Tensor> momentum;
+    for (const auto& t : tensors) {
+      if (state.momentum.empty()) break;  // saved before its first optim_step: created lazily
+      const at::Tensor& m = expect_tensor(state.momentum, t.name, t.param.sizes(), "load optimizer state (momentum)");
+      momentum[t.name] = m.to(device(t), false, true);
+    }
+    reject_unknown(state.momentum, known, "load optimizer state (momentum)");
+    dimuon_[model_id].restore(state.step, std::move(momentum));
+    return;
+  }
+  SKYRL_TX_CHECK(state.momentum.empty(), InvalidArgument, "load optimizer state: adamw state holds no momentum");
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments;
+  for (const auto& t : tensors) {
     // A model saved before its first optim_step has no moments: AdamW creates them lazily.
     if (state.exp_avg.empty() && state.exp_avg_sq.empty()) continue;
     const at::Tensor& m = expect_tensor(state.exp_avg, t.name, t.param.sizes(), "load optimizer state (exp_avg)");
     const at::Tensor& v = expect_tensor(state.exp_avg_sq, t.name, t.param.sizes(), "load optimizer state (exp_avg_sq)");
-    const auto device = t.param.options().dtype(at::kFloat);
-    moments[t.name] = {m.to(device, false, true), v.to(device, false, true)};
+    moments[t.name] = {m.to(device(t), false, true), v.to(device(t), false, true)};
   }
   reject_unknown(state.exp_avg, known, "load optimizer state (exp_avg)");
   reject_unknown(state.exp_avg_sq, known, "load optimizer state (exp_avg_sq)");

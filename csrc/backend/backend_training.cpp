@@ -41,6 +41,7 @@ void Backend::remove_model(const std::string& model_id) {
                                     "' is serving running sample requests; unload it once they finish");
     full_models_.erase(it);
     optimizers_.erase(model_id);
+    dimuon_.erase(model_id);
     return;
   }
   remove_adapter(model_id);
@@ -79,7 +80,26 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
 
 std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::AdamParams& params) {
   std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  SKYRL_TX_CHECK(!dimuon_.count(model_id), InvalidArgument, "optim_step: model '", model_id,
+                 "' uses the dimuon optimizer (chosen at create_model); send optimizer_params of type dimuon "
+                 "(DimuonParams), not adam_params");
   std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params);
+  free_grads(model_id);
+  return metrics;
+}
+
+std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::DimuonParams& params) {
+  std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  auto it = dimuon_.find(model_id);
+  SKYRL_TX_CHECK(it != dimuon_.end(), InvalidArgument, "optim_step: model '", model_id,
+                 "' uses the adamw optimizer (chosen at create_model); send adam_params (AdamParams), not "
+                 "optimizer_params of type dimuon");
+  std::map<std::string, double> metrics = it->second.step(tensors, params);
+  free_grads(model_id);
+  return metrics;
+}
+
+void Backend::free_grads(const std::string& model_id) {
   // Freed rather than zeroed: the next batch then accumulates into fresh buffers with nothing to set aside
   // (see GradTransaction), and a model between steps holds no gradient memory.
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
@@ -88,7 +108,32 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
     const int64_t slot = registry_.slot_of(model_id);
     for (const auto& m : model_->lora_modules()) m.module->take_slot_grads(slot);
   }
-  return metrics;
+}
+
+void Backend::set_optimizer_kind(const std::string& model_id, const std::string& kind) {
+  trainable_tensors(model_id);  // NotFound for unknown models
+  SKYRL_TX_CHECK(kind == "adamw" || kind == "dimuon", InvalidArgument, "create_model: optimizer '", kind,
+                 "' is not supported; use adamw or dimuon");
+  SKYRL_TX_CHECK(kind != "dimuon" || !full_models_.count(model_id), InvalidArgument,
+                 "create_model: the dimuon optimizer orthogonalises LoRA factor updates; full fine-tuning "
+                 "(lora rank 0) uses adamw");
+  if (kind == optimizer_kind(model_id)) return;
+  const auto adam = optimizers_.find(model_id);
+  SKYRL_TX_CHECK(adam == optimizers_.end() || adam->second.num_steps() == 0, Conflict, "model '", model_id,
+                 "' has already stepped with adamw; its optimizer is fixed for its life");
+  const auto dimuon = dimuon_.find(model_id);
+  SKYRL_TX_CHECK(dimuon == dimuon_.end() || dimuon->second.num_steps() == 0, Conflict, "model '", model_id,
+                 "' has already stepped with dimuon; its optimizer is fixed for its life");
+  if (kind == "dimuon") {
+    optimizers_.erase(model_id);
+    dimuon_[model_id];
+  } else {
+    dimuon_.erase(model_id);
+  }
+}
+
+std::string Backend::optimizer_kind(const std::string& model_id) const {
+  return dimuon_.count(model_id) ? "dimuon" : "adamw";
 }
 
 std::vector<batching::TrainResult> Backend::forward_backward(const std::vector<batching::TrainRequest>& requests) {

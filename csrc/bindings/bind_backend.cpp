@@ -13,7 +13,9 @@ void bind_backend(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
   py::class_<backend::OptimizerState>(m, "OptimizerState")
       .def(py::init<>())
+      .def_readwrite("kind", &backend::OptimizerState::kind)
       .def_readwrite("step", &backend::OptimizerState::step)
+      .def_readwrite("momentum", &backend::OptimizerState::momentum)
       .def_readwrite("exp_avg", &backend::OptimizerState::exp_avg)
       .def_readwrite("exp_avg_sq", &backend::OptimizerState::exp_avg_sq);
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
@@ -31,7 +33,12 @@ void bind_backend(py::module_& m) {
       .def("forward_backward", &Backend::forward_backward, py::arg("requests"), Release())
       .def("forward", &Backend::forward, py::arg("requests"), Release())
       .def("attach_collectives", &Backend::attach_collectives, py::arg("group"))
-      .def("optim_step", &Backend::optim_step, py::arg("model_id"), py::arg("params"), Release())
+      .def("optim_step", py::overload_cast<const std::string&, const optim::AdamParams&>(&Backend::optim_step),
+           py::arg("model_id"), py::arg("params"), Release())
+      .def("optim_step", py::overload_cast<const std::string&, const optim::DimuonParams&>(&Backend::optim_step),
+           py::arg("model_id"), py::arg("params"), Release())
+      .def("set_optimizer_kind", &Backend::set_optimizer_kind, py::arg("model_id"), py::arg("kind"), Release())
+      .def("optimizer_kind", &Backend::optimizer_kind, py::arg("model_id"))
       .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
       .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())
       .def("set_tokenizer_info", &Backend::set_tokenizer_info, py::arg("eos_tokens"), py::arg("token_bytes"))

@@ -4,6 +4,7 @@
 #include "batching/train_batch.h"
 #include "bindings/bindings.h"
 #include "optim/adamw.h"
+#include "optim/dimuon.h"
 
 namespace py = pybind11;
 
@@ -48,6 +49,16 @@ void bind_training(py::module_& m) {
       .def_readwrite("weight_decay", &AdamParams::weight_decay)
       .def_readwrite("grad_clip_norm", &AdamParams::grad_clip_norm)
       .def("validate", &AdamParams::validate);
+
+  using optim::DimuonParams;
+  py::class_<DimuonParams>(m, "DimuonParams")
+      .def(py::init<>())
+      .def_readwrite("learning_rate", &DimuonParams::learning_rate)
+      .def_readwrite("grad_clip_norm", &DimuonParams::grad_clip_norm)
+      .def_readwrite("beta1", &DimuonParams::beta1)
+      .def("validate", &DimuonParams::validate);
+  m.def("newton_schulz", &optim::newton_schulz, py::arg("x"),
+        "Dimuon's batched Newton–Schulz orthogonalisation of x [n, r, k] (r <= k), float32.");
 }
 
 }  // namespace skyrl_tx::bindings

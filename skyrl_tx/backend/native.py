@@ -17,8 +17,8 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
-from skyrl_tx.types import (AdamParams, Datum, SampledSequence, SampleRequest, SampleResult, TrainRequest,
-                            TrainResult)
+from skyrl_tx.types import (Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest, SampleResult,
+                            TrainRequest, TrainResult)
 
 PEFT_PREFIX = "base_model.model."
 
@@ -114,13 +114,27 @@ class NativeBackend:
         return slot
 
     def create_model(self, model_id: str, *, lora_rank: int, alpha: float | None = None, seed: int = 0,
-                     train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> None:
-        """lora_rank >= 1: a LoRA adapter in a slot of the shared base; lora_rank == 0: full fine-tuning."""
+                     train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True,
+                     optimizer: str = "adamw") -> None:
+        """lora_rank >= 1: a LoRA adapter in a slot of the shared base; lora_rank == 0: full fine-tuning.
+        optimizer: "adamw" or "dimuon" (LoRA only), fixed for the model's life."""
+        if optimizer != "adamw" and lora_rank == 0:
+            raise InvalidArgumentError(f"create_model: the {optimizer} optimizer orthogonalises LoRA factor updates; "
+                                       "full fine-tuning (lora rank 0) uses adamw")
         if lora_rank == 0:
             self._core.create_full_model(model_id)
             return
         self.create_adapter(model_id, rank=lora_rank, alpha=alpha, seed=seed, train_attn=train_attn,
                             train_mlp=train_mlp, train_unembed=train_unembed)
+        if optimizer != "adamw":
+            try:
+                self._core.set_optimizer_kind(model_id, optimizer)
+            except Exception:
+                self._core.remove_model(model_id)
+                raise
+
+    def optimizer_kind(self, model_id: str) -> str:
+        return self._core.optimizer_kind(model_id)
 
     def remove_model(self, model_id: str) -> None:
         self._core.remove_model(model_id)
@@ -140,8 +154,10 @@ class NativeBackend:
         results and summed gradients as one process."""
         self._core.attach_collectives(group)
 
-    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        native = load_extension().AdamParams()
+    def optim_step(self, model_id: str, params: OptimParams) -> dict[str, float]:
+        """AdamParams for an AdamW model, DimuonParams for a Dimuon one (else InvalidArgumentError)."""
+        ext = load_extension()
+        native = ext.DimuonParams() if isinstance(params, DimuonParams) else ext.AdamParams()
         for f in dataclasses.fields(params):
             setattr(native, f.name, float(getattr(params, f.name)))
         return dict(self._core.optim_step(model_id, native))
@@ -159,14 +175,24 @@ class NativeBackend:
         self._core.set_trainable_state(model_id, _core_names(weights))
 
     def optimizer_state(self, model_id: str):
-        """The model's AdamW state (extension OptimizerState: step, exp_avg, exp_avg_sq by core name)."""
+        """The model's optimizer state (extension OptimizerState: kind, step, and by core name AdamW's exp_avg,
+        exp_avg_sq or Dimuon's momentum)."""
         return self._core.optimizer_state(model_id)
 
     def set_optimizer_state(self, model_id: str, step: int, exp_avg: dict[str, torch.Tensor],
-                            exp_avg_sq: dict[str, torch.Tensor]) -> None:
+                            exp_avg_sq: dict[str, torch.Tensor], *, kind: str = "adamw",
+                            momentum: dict[str, torch.Tensor] | None = None) -> None:
+        """Its kind must be the model's optimizer (InvalidArgumentError naming both otherwise)."""
         state = load_extension().OptimizerState()
-        state.step, state.exp_avg, state.exp_avg_sq = int(step), _core_names(exp_avg), _core_names(exp_avg_sq)
+        state.kind, state.step = kind, int(step)
+        state.exp_avg, state.exp_avg_sq = _core_names(exp_avg), _core_names(exp_avg_sq)
+        state.momentum = _core_names(momentum or {})
         self._core.set_optimizer_state(model_id, state)
+
+    def restore_optimizer(self, model_id: str, saved: dict[str, Any]) -> None:
+        """Restores what checkpoints.formats.read_optimizer returned."""
+        self.set_optimizer_state(model_id, saved["step"], saved["exp_avg"], saved["exp_avg_sq"], kind=saved["kind"],
+                                 momentum=saved["momentum"])
 
     def load_snapshot(self, snapshot_id: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: float,
                       train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> None:

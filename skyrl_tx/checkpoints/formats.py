@@ -2,7 +2,8 @@
 
 Every checkpoint directory holds `skyrl_state.json` (ModelMeta) so it can be loaded without the database.
 - weights (training state): the trainable tensors (adapter_model.safetensors for LoRA, model.safetensors
-  for full fine-tuning) + optimizer.safetensors (AdamW moments, step in the metadata).
+  for full fine-tuning) + optimizer.safetensors (AdamW moments or Dimuon momentum; step and optimizer kind
+  in the metadata).
 - sampler_weights / external_weights: a PEFT adapter (adapter_config.json + adapter_model.safetensors), or
   for full fine-tuning a Hugging Face model directory (config.json, model.safetensors, tokenizer files),
   which transformers / PEFT load as is.
@@ -63,6 +64,7 @@ class ModelMeta:
     train_unembed: bool = True
     seed: int | None = None
     optimizer_step: int = 0
+    optimizer: str = "adamw"  # the model's optimizer family ("adamw" | "dimuon"), fixed for its life
 
     @property
     def is_lora(self) -> bool:
@@ -92,19 +94,23 @@ def peft_adapter_config(meta: ModelMeta) -> dict[str, Any]:
 
 
 def optimizer_files(state: Any) -> dict[str, FileData]:
-    """state: the extension's OptimizerState (step, exp_avg, exp_avg_sq; float32 moments, saved as they are)."""
+    """state: the extension's OptimizerState (kind, step, exp_avg, exp_avg_sq, momentum; float32, saved as is)."""
     tensors = {f"exp_avg.{k}": v for k, v in state.exp_avg.items()}
     tensors |= {f"exp_avg_sq.{k}": v for k, v in state.exp_avg_sq.items()}
-    return {OPTIMIZER_FILE: TensorFile(tensors, metadata={"step": str(int(state.step))})}
+    tensors |= {f"momentum.{k}": v for k, v in state.momentum.items()}
+    return {OPTIMIZER_FILE: TensorFile(tensors, metadata={"step": str(int(state.step)), "optimizer": state.kind})}
 
 
-def read_optimizer(read: ReadFile) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def read_optimizer(read: ReadFile) -> dict[str, Any]:
+    """{kind, step, exp_avg, exp_avg_sq, momentum} (tensor names without their prefix); files written before
+    Dimuon existed have no "optimizer" metadata and hold AdamW moments."""
     raw = read(OPTIMIZER_FILE)
     tensors = load_safetensors(raw)
-    step = int(_safetensors_metadata(raw).get("step", "0"))
-    exp_avg = {k.removeprefix("exp_avg."): v for k, v in tensors.items() if k.startswith("exp_avg.")}
-    exp_avg_sq = {k.removeprefix("exp_avg_sq."): v for k, v in tensors.items() if k.startswith("exp_avg_sq.")}
-    return step, exp_avg, exp_avg_sq
+    metadata = _safetensors_metadata(raw)
+    out: dict[str, Any] = {"kind": metadata.get("optimizer", "adamw"), "step": int(metadata.get("step", "0"))}
+    for part in ("exp_avg", "exp_avg_sq", "momentum"):
+        out[part] = {k.removeprefix(f"{part}."): v for k, v in tensors.items() if k.startswith(f"{part}.")}
+    return out
 
 
 def _safetensors_metadata(raw: bytes) -> dict[str, str]:

@@ -41,7 +41,7 @@ def model_meta(model: ModelRecord, optimizer_step: int = 0) -> ModelMeta:
     return ModelMeta(base_model=model.base_model, lora_rank=model.lora_rank, lora_alpha=executor.LORA_ALPHA,
                      train_attn=bool(lora.get("train_attn", True)), train_mlp=bool(lora.get("train_mlp", True)),
                      train_unembed=bool(lora.get("train_unembed", True)), seed=lora.get("seed"),
-                     optimizer_step=optimizer_step)
+                     optimizer_step=optimizer_step, optimizer=lora.get("optimizer", "adamw"))
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Checkpointer:
 
     # ---- loading ----------------------------------------------------------------------------------
     def load_into(self, model_id: str, path_text: str, with_optimizer: bool, fresh: bool = False) -> dict[str, Any]:
-        """Restores a training checkpoint into `model_id` (weights, and AdamW state if asked)."""
+        """Restores a training checkpoint into `model_id` (weights, and optimizer state if asked)."""
         path = TinkerPath.parse(path_text, "load_weights: path")
         if path.kind != "weights":
             raise InvalidArgumentError(f"load_weights: {path} is a {path.checkpoint_type} checkpoint; load a "
@@ -166,10 +166,14 @@ class Checkpointer:
                 self._refuse_if_used(db, model_id)
         read = lambda name: self.store.read(location, name)  # noqa: E731
         meta = formats.read_meta(read)
+        saved = formats.read_optimizer(read) if with_optimizer else None
+        if saved is not None and saved["kind"] != self.backend.optimizer_kind(model_id):  # before any change
+            raise InvalidArgumentError(f"load_weights: {path} holds {saved['kind']} optimizer state, but model "
+                                       f"{model_id} uses {self.backend.optimizer_kind(model_id)}; load the weights "
+                                       "only, or create the model with that optimizer")
         self.backend.set_trainable_state(model_id, formats.read_weights(read, meta))
-        if with_optimizer:
-            step, exp_avg, exp_avg_sq = formats.read_optimizer(read)
-            self.backend.set_optimizer_state(model_id, step, exp_avg, exp_avg_sq)
+        if saved is not None:
+            self.backend.restore_optimizer(model_id, saved)
         return {"path": str(path), "model_id": model_id, "type": "load_weights"}
 
     def _refuse_if_used(self, db: Session, model_id: str) -> None:

@@ -16,7 +16,8 @@ from sqlalchemy import Engine
 
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import FutureRow
-from skyrl_tx.types import AdamParams, Datum, SampleRequest, SampleResult, SamplingParams, TrainRequest, TrainResult
+from skyrl_tx.types import (AdamParams, Datum, DimuonParams, OptimParams, SampleRequest, SampleResult, SamplingParams,
+                            TrainRequest, TrainResult)
 from skyrl_tx.wire import codec
 
 # Tinker trains LoRA with a fixed alpha and 1/r scaling, so the learning rate transfers across ranks
@@ -74,6 +75,13 @@ def train_result(result: TrainResult) -> bytes:
 
 def adam_params(request: dict[str, Any]) -> AdamParams:
     return AdamParams(**{k: float(v) for k, v in request["adam_params"].items()})
+
+
+def optim_params(request: dict[str, Any]) -> OptimParams:
+    """An optim_step job's AdamParams, or its DimuonParams (job key "optimizer_params", checked by the API)."""
+    if request.get("optimizer_params") is not None:
+        return DimuonParams(**{k: float(v) for k, v in request["optimizer_params"].items() if k != "type"})
+    return adam_params(request)
 
 
 def sample_request(request: dict[str, Any]) -> SampleRequest:

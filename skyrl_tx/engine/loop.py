@@ -232,7 +232,7 @@ class EngineLoop:
     def _barrier(self, f: FutureRow) -> dict[str, Any]:
         request = f.request
         if f.request_type == "optim_step":
-            metrics = self.backend.optim_step(request["model_id"], executor.adam_params(request))
+            metrics = self.backend.optim_step(request["model_id"], executor.optim_params(request))
             # No gradients are pending right after a step: the moment for a recovery snapshot (copied here,
             # written on a background thread; see engine/recovery_state.py). It never raises.
             recovery_state.snapshotter(self).after_optim_step(request["model_id"], f.seq_id)
@@ -360,7 +360,7 @@ class EngineLoop:
                 model.lora_config = {**(model.lora_config or {}), "seed": seed}
         self.backend.create_model(r["model_id"], lora_rank=r["lora_rank"], alpha=executor.LORA_ALPHA, seed=seed,
                                   train_attn=r["train_attn"], train_mlp=r["train_mlp"],
-                                  train_unembed=r["train_unembed"])
+                                  train_unembed=r["train_unembed"], optimizer=r.get("optimizer", "adamw"))
         if not r.get("load"):
             return {"model_id": r["model_id"]}
         try:  # create_training_client_from_state: the model starts from a checkpoint

@@ -61,12 +61,11 @@ def recovery_base(db: Session, model_id: str) -> RecoverySnapshotRecord | None:
 
 
 def load(backend: Any, store: CheckpointStore, snap: RecoverySnapshotRecord, model_id: str) -> None:
-    """Restores a snapshot's weights and AdamW state into a freshly created model."""
+    """Restores a snapshot's weights and optimizer state into a freshly created model."""
     read = lambda name: store.read(snap.location, name)  # noqa: E731
     meta = formats.read_meta(read)
     backend.set_trainable_state(model_id, formats.read_weights(read, meta))
-    step, exp_avg, exp_avg_sq = formats.read_optimizer(read)
-    backend.set_optimizer_state(model_id, step, exp_avg, exp_avg_sq)
+    backend.restore_optimizer(model_id, formats.read_optimizer(read))
 
 
 def snapshotter(loop: Any) -> RecoverySnapshots:

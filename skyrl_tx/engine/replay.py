@@ -78,7 +78,7 @@ def _apply(loop: Any, model_id: str, f: FutureRecord, kept: set[str]) -> None:
     if f.request_type == "forward_backward":
         loop.backend.forward_backward(executor.train_requests(loop.database, [f]))
     elif f.request_type == "optim_step":
-        loop.backend.optim_step(model_id, executor.adam_params(request))
+        loop.backend.optim_step(model_id, executor.optim_params(request))
     elif f.request_type == "load_weights":
         loop.checkpointer.load_into(model_id, request["path"], bool(request["optimizer"]), fresh=True)
     elif request.get("sampling_session_id") in kept:  # an ephemeral sampler, frozen at this point

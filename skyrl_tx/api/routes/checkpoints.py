@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, optimizer_kind, stored_optimizer
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_session, readable_checkpoint,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep, Principal
@@ -107,7 +108,8 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
         require_owned_model(db, body.model_id, who)
         check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="load_weights"):
-            path, _ = _training_checkpoint(db, body.path, who)
+            path, meta = _training_checkpoint(db, body.path, who)
+            check_existing_model_optimizer(body, meta, stored_optimizer(db, body.model_id))
         job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
@@ -125,6 +127,9 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
     model_id = f"{body.session_id}:train:{body.model_seq_id or 0}"
     lora = {"rank": meta.lora_rank, "seed": meta.seed, "train_attn": meta.train_attn, "train_mlp": meta.train_mlp,
             "train_unembed": meta.train_unembed}
+    optimizer = load_optimizer(body, meta)
+    if optimizer != "adamw":
+        lora["optimizer"] = optimizer
     if db.get(ModelRecord, model_id) is None:  # a retry of a create that got through is no new model
         check_live_models(db, who)
         check_inflight(db, who)
@@ -134,7 +139,8 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
     else:
         record = None
     create = {"model_id": model_id, "lora_rank": meta.lora_rank, "seed": meta.seed or 0, "train_attn": meta.train_attn,
-              "train_mlp": meta.train_mlp, "train_unembed": meta.train_unembed, "load": job}
+              "train_mlp": meta.train_mlp, "train_unembed": meta.train_unembed, "load": job,
+              **({"optimizer": optimizer} if optimizer != "adamw" else {})}
     future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=create,
                               session_id=body.session_id, extra_rows=(record,) if record else ())
     return {"request_id": future_id, "model_id": model_id}
@@ -146,4 +152,30 @@ def weights_info(body: WeightsInfoRequest, db: DbDep, who: CallerDep) -> dict[st
     _, meta = checkpoint_meta(db, path, who, "weights_info")
     return {"base_model": meta.base_model, "is_lora": meta.is_lora, "lora_rank": meta.lora_rank or None,
             "train_unembed": meta.train_unembed, "train_mlp": meta.train_mlp, "train_attn": meta.train_attn,
-            "optimizer_config": {"type": "adamw"}}
+            "optimizer_config": OPTIMIZER_CONFIGS.get(meta.optimizer, {"type": meta.optimizer})}
+
+
+def load_optimizer(body: LoadWeightsRequest, meta: ModelMeta) -> str:
+    """A model created from a checkpoint: with its optimizer state, the checkpoint's optimizer (optimizer_config
+    may only repeat it); weights only, optimizer_config's (AdamW by default)."""
+    kind = optimizer_kind(body.optimizer_config, "load_weights")
+    if body.optimizer:
+        if body.optimizer_config is not None and kind != meta.optimizer:
+            raise InvalidArgumentError(f"load_weights: optimizer_config.type {kind!r} cannot override the restored "
+                                       f"{meta.optimizer} optimizer state; load the weights only to change optimizer")
+        kind = meta.optimizer
+    if kind != "adamw" and not meta.is_lora:
+        raise InvalidArgumentError(f"load_weights: optimizer_config.type {kind!r} updates LoRA factors; full "
+                                   "fine-tuning (lora rank 0) uses adamw")
+    return kind
+
+
+def check_existing_model_optimizer(body: LoadWeightsRequest, meta: ModelMeta, model_kind: str) -> None:
+    """A load into an existing model keeps its optimizer: optimizer_config may only repeat it, and optimizer
+    state must be of its family."""
+    if body.optimizer_config is not None and optimizer_kind(body.optimizer_config, "load_weights") != model_kind:
+        raise InvalidArgumentError(f"load_weights: optimizer_config cannot change the optimizer of existing model "
+                                   f"{body.model_id} ({model_kind})")
+    if body.optimizer and meta.optimizer != model_kind:
+        raise InvalidArgumentError(f"load_weights: the checkpoint holds {meta.optimizer} optimizer state, but model "
+                                   f"{body.model_id} uses {model_kind}; load the weights only (optimizer=False)")

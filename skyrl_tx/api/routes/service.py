@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.deps import DbDep, SettingsDep
+from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS
 from skyrl_tx.api.ownership import owned_session
 from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.validation import check_json_finite
@@ -91,7 +92,8 @@ def telemetry() -> dict[str, str]:
 @router.get("/get_server_capabilities")
 def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
     names = [settings.base_model, *settings.model_aliases]
-    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names],
+            "supported_optimizers": list(OPTIMIZER_CONFIGS.values())}  # not in the SDK's model (it ignores it)
 
 
 @router.get("/healthz")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -10,11 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
+from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, model_optimizer, optim_job, optimizer_kind, stored_optimizer
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_live_model, owned_session,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep
 from skyrl_tx.api.submit import consumes_seq_id, record_unusable_body, submit_future
-from skyrl_tx.api.validation import (check_adam, check_datums, check_finite_mapping, check_json_finite,
+from skyrl_tx.api.validation import (check_datums, check_finite_mapping, check_json_finite,
                                      check_model_seq_id, check_seed, check_seq_id)
 from skyrl_tx.db.models import ModelRecord
 from skyrl_tx.errors import InvalidArgumentError
@@ -53,7 +53,7 @@ class OptimStepRequest(BaseModel):
     model_id: str
     seq_id: int
     adam_params: AdamParams | None = None  # the shared dataclass; pydantic validates its fields
-    optimizer_params: dict[str, Any] | None = None
+    optimizer_params: dict[str, Any] | None = None  # non-Adam families (DimuonParams); api/optimizers.py checks
 
 
 @router.post("/create_model")
@@ -72,11 +72,14 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
     if rank < 0 or rank > max_rank:
         raise InvalidArgumentError(f"create_model: lora rank {rank} is outside [0, {max_rank}] (0 = full fine-tuning); "
                                    "restart the server with a larger max_lora_rank in --backend-config")
-    optimizer = (body.optimizer_config or {}).get("type", "adamw")
-    if optimizer != "adamw":
-        raise InvalidArgumentError(f"create_model: optimizer_config type {optimizer!r} is not supported; use adamw")
+    optimizer = optimizer_kind(body.optimizer_config, "create_model")
+    if optimizer != "adamw" and rank == 0:
+        raise InvalidArgumentError(f"create_model: optimizer_config.type {optimizer!r} updates LoRA factors; full "
+                                   "fine-tuning (lora rank 0) uses adamw")
     model_id = f"{body.session_id}:train:{body.model_seq_id}"  # the SDK derives ids of this shape itself
     lora = body.lora_config.model_dump()
+    if optimizer != "adamw":  # kept with the model (and sent to the engine) for its whole life
+        lora["optimizer"] = optimizer
     if db.get(ModelRecord, model_id) is None:  # a retry of a create that got through is no new model
         check_live_models(db, who)
         check_inflight(db, who)
@@ -98,7 +101,7 @@ def get_info(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> dic
                   "tokenizer_id": str(request.app.state.model_dir)}
     return {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
             "lora_rank": model.lora_rank or None, "model_name": model.base_model,
-            "optimizer_config": {"type": "adamw"}}
+            "optimizer_config": OPTIMIZER_CONFIGS[model_optimizer(model.lora_config)]}
 
 
 @router.post("/forward_backward")
@@ -143,12 +146,8 @@ async def optim_step(body: OptimStepRequest, request: Request, who: CallerDep) -
         require_owned_model(db, body.model_id, who)
         check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="optim_step"):
-            if body.adam_params is None:
-                kind = (body.optimizer_params or {}).get("type", "unknown")
-                raise InvalidArgumentError(f"optim_step: optimizer {kind!r} is not supported; send adam_params "
-                                           "(AdamW)")
-            check_adam(body.adam_params)
-        job = {"model_id": body.model_id, "adam_params": dataclasses.asdict(body.adam_params)}
+            job = optim_job(body.model_id, stored_optimizer(db, body.model_id), body.adam_params,
+                            body.optimizer_params)
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                                   request_type="optim_step", body=job, model_id=body.model_id, seq_id=body.seq_id)
         return {"request_id": future_id, "model_id": body.model_id}
