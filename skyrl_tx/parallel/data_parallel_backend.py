@@ -39,6 +39,19 @@ COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the o
 IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait for the next call however long
 
 
+GROUP_BROKEN_EXIT = 75  # the engine process's exit code when its group broke (the supervisor restarts it)
+
+
+def _group_broken(exc: BaseException) -> bool:
+    """A failed collective (csrc/dist/collectives.cpp names it), ranks that diverged, or a failed control message."""
+    if isinstance(exc, RanksDiverged):
+        return True
+    if isinstance(exc, InternalError) and getattr(exc, "message", str(exc)).startswith("collective "):
+        return True
+    return isinstance(exc, (RuntimeError, ConnectionError)) and not isinstance(exc, InternalError) and (
+        "gloo" in str(exc).lower() or "connection" in str(exc).lower())
+
+
 class RanksDiverged(InternalError):
     """A mirrored call ended differently on some rank: the group's state can no longer be trusted."""
 
@@ -142,6 +155,14 @@ class DataParallelBackend:
         return cls(local, channel, workers)
 
     def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._run_everywhere(method, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a broken group is a crash; anything else is the call's error
+            if _group_broken(exc) or any(not w.is_alive() for w in self._workers):
+                self._crash(method, exc)
+            raise
+
+    def _run_everywhere(self, method: str, *args: Any, **kwargs: Any) -> Any:
         error, result = None, None
         if method in COLLECTIVE_CALLS:
             self._channel.send((method, args, kwargs))
@@ -160,6 +181,17 @@ class DataParallelBackend:
         if error is not None:
             raise error
         return result
+
+    def _crash(self, method: str, exc: BaseException) -> None:
+        """A rank died, hung or diverged: the group's state can no longer be trusted. The engine process ends here
+        (its workers die with it) before the request that was running is stored, so the supervisor restarts the whole
+        group and recovery runs that request again on rebuilt ranks, as after any engine crash (no request lost or
+        applied twice)."""
+        log.critical("data parallel: %s broke the group (%s: %s); the engine restarts with all its ranks", method,
+                     type(exc).__name__, exc)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(GROUP_BROKEN_EXIT)
 
     def __getattr__(self, name: str) -> Any:
         if name in COLLECTIVE_CALLS or name in MIRRORED_CALLS:

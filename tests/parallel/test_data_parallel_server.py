@@ -27,14 +27,24 @@ def _engine_pid(url: str) -> int:
 
 
 def _children(pid: int) -> list[int]:
+    """The engine's worker ranks (multiprocessing spawn children; not its resource tracker)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+            children = [int(p) for p in f.read().split()]
     except OSError:
         return []
+    ranks = []
+    for child in children:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    ranks.append(child)
+        except OSError:
+            pass
+    return ranks
 
 
-def _train_and_sample(url: str, kill_engine_after_step: int | None = None) -> dict[str, Any]:
+def _train_and_sample(url: str, kill_engine_after_step: int | None = None, kill: str = "engine") -> dict[str, Any]:
     """Two tenants (ranks 4 and 8, fixed seeds) train STEPS steps on ragged batches, then sample greedily."""
     import tinker
     from tinker import types
@@ -58,9 +68,9 @@ def _train_and_sample(url: str, kill_engine_after_step: int | None = None) -> di
                     engine = _engine_pid(url)
                     workers = _children(engine)
                     assert workers, "the data-parallel engine has no worker rank"
-                    os.kill(engine, signal.SIGKILL)
+                    os.kill(engine if kill == "engine" else workers[0], signal.SIGKILL)
                     deadline = time.monotonic() + 30
-                    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
                         assert time.monotonic() < deadline, "the worker rank outlived its engine"
                         time.sleep(0.2)
             out["losses"][name] = losses
@@ -94,10 +104,16 @@ def test_data_parallel_server_equals_one_process(preset_cache, one_process_run) 
     assert got["tokens"] == one_process_run["tokens"]
 
 
-def test_killing_the_engine_restarts_the_whole_group_with_the_same_weights(preset_cache, one_process_run) -> None:
+@pytest.mark.parametrize("kill", ["engine", "worker"])
+def test_killing_a_rank_restarts_the_whole_group_with_the_same_weights(preset_cache, one_process_run,
+                                                                       kill: str) -> None:
+    """kill -9 of rank 0 (the engine) or of the worker rank mid-run: the group restarts, recovery reruns what was
+    running, and the run ends as an undisturbed one (no request lost or applied twice)."""
     with live_server(backend_config=DP) as url:
-        got = _train_and_sample(url, kill_engine_after_step=1)
+        got = _train_and_sample(url, kill_engine_after_step=1, kill=kill)
         assert healthy(url)
+        if kill == "worker":
+            assert "broke the group" in url.log_tail(400), url.log_tail()
     for name, losses in one_process_run["losses"].items():
         assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
     assert got["tokens"] == one_process_run["tokens"]
