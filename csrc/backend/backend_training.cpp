@@ -3,6 +3,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "backend/micro_batch.h"
 #include "common/dtype.h"
 #include "common/errors.h"
+#include "models/architectures.h"
 
 namespace skyrl_tx::backend {
 
@@ -80,6 +82,10 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
 
 std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::AdamParams& params) {
   std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  // Buffers (DeepSeek's router score bias) are copied and saved with the model but never stepped.
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [](const optim::TrainableTensor& t) { return models::is_buffer_name(t.name); }),
+                tensors.end());
   SKYRL_TX_CHECK(!dimuon_.count(model_id), InvalidArgument, "optim_step: model '", model_id,
                  "' uses the dimuon optimizer (chosen at create_model); send optimizer_params of type dimuon "
                  "(DimuonParams), not adam_params");

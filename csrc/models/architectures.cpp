@@ -76,4 +76,10 @@ const char* mlp_kind_name(MlpKind kind) {
   return "?";
 }
 
+bool is_buffer_name(const std::string& name) {
+  static const std::string kScoreBias = ".gate.e_score_correction_bias";
+  return name.size() >= kScoreBias.size() && name.compare(name.size() - kScoreBias.size(), kScoreBias.size(),
+                                                          kScoreBias) == 0;
+}
+
 }  // namespace skyrl_tx::models

@@ -36,5 +36,8 @@ std::vector<MlpKind> mlp_layout(const ModelConfig& config);
 const char* attention_kind_name(AttentionKind kind);
 const char* layout_rule_name(LayoutRule rule);
 const char* mlp_kind_name(MlpKind kind);
+/// Tensors a model copy carries and saves that no optimizer updates (transformers' buffers), e.g. DeepSeek V3's
+/// router `e_score_correction_bias`: its gradient is always 0, but AdamW's weight decay would still shrink it.
+bool is_buffer_name(const std::string& name);
 
 }  // namespace skyrl_tx::models

@@ -136,7 +136,7 @@ void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedPara
   out.emplace_back(prefix + ".gate.weight", gate_);
   // NOTE: e_score_correction_bias is a buffer in transformers (DeepSeek adjusts it outside the gradient step). It is
   // listed so model copies (full fine-tuning, frozen snapshots, saved weights) carry it; its gradient is always 0
-  // (it only steers the top-k choice), so only AdamW's weight decay can move it under full fine-tuning.
+  // (it only steers the top-k choice), and optim_step skips it (models::is_buffer_name), weight decay included.
   if (score_bias_.defined()) out.emplace_back(prefix + ".gate.e_score_correction_bias", score_bias_);
   for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_parameters(str_cat(prefix, ".experts.", e), out);
   if (shared_) shared_->collect_parameters(prefix + ".shared_experts", out);

@@ -24,7 +24,7 @@ from train_reference import (
 
 from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.types import TrainRequest
+from skyrl_tx.types import AdamParams, Datum, TrainRequest
 
 PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
 ATOL = 1e-5
@@ -266,3 +266,25 @@ def test_bfloat16_compute_tracks_float32(path: Path, backend: NativeBackend) -> 
     assert got.dtype == torch.float32
     # bf16 has ~3 significant digits; near-tied routing choices may flip, so the bound is loose (logprobs ~ -7.7).
     assert_close(got, ref, 0.02)
+
+
+def test_full_finetune_steps_leave_the_router_score_bias_alone(backend: NativeBackend) -> None:
+    """DeepSeek V3's e_score_correction_bias is a buffer (transformers adjusts it outside the gradient step): a full
+    fine-tune carries and saves it, and AdamW with weight decay moves the weights but never it."""
+    backend.create_model("full-wd", lora_rank=0)
+    try:
+        before = backend.trainable_state("full-wd")
+        biases = [k for k in before if k.endswith(".gate.e_score_correction_bias")]
+        vocab = backend.decoder_config.vocab_size
+        seqs = seqs_of(vocab, [7, 5], 61)
+        data = [Datum(s[:-1], {"target_tokens": s[1:], "weights": [1.0] * (len(s) - 1)}) for s in seqs]
+        backend.forward_backward([TrainRequest("full-wd", data)])
+        backend.optim_step("full-wd", AdamParams(learning_rate=1e-2, weight_decay=0.5))
+        after = backend.trainable_state("full-wd")
+        moved = [k for k in before if not torch.equal(before[k], after[k])]
+        assert moved, "the step changed nothing"
+        assert not [k for k in moved if k in biases], moved
+        if "deepseek" in str(backend.model_dir):  # nonzero, so weight decay would have moved them
+            assert biases and all(before[k].abs().max() > 0 for k in biases), sorted(before)[:10]
+    finally:
+        backend.remove_model("full-wd")
