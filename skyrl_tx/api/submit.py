@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from skyrl_tx.api.body_ids import forward_backward_ids
 from skyrl_tx.api.ownership import require_owned_model
 from skyrl_tx.api.principal import caller_of
+from skyrl_tx.api.request_ids import REQUEST_ID
 from skyrl_tx.api.validation import SEQ_ID_MAX
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
@@ -31,7 +32,8 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
     protobuf). `extra_rows` (ORM records stored in the same transaction) need a Session."""
     digest = request_hash(body, binary_body)
     row = {"id": future_id, "session_id": session_id, "model_id": model_id, "request_type": request_type,
-           "seq_id": seq_id, "request": body, "request_body": binary_body, "request_hash": digest}
+           "seq_id": seq_id, "request": body, "request_body": binary_body, "request_hash": digest,
+           "request_id": REQUEST_ID.get()}  # not hashed: a retry carries another request id
     try:
         if extra_rows:
             assert isinstance(db, Session), "extra_rows are ORM records: submit them with a Session"

@@ -35,6 +35,7 @@ class FutureRow(Protocol):
     request: dict[str, Any]
     attempts: int
     created_at: datetime
+    request_id: str | None  # X-Request-Id of the HTTP request that made it (None: rows from before migration 0006)
 
 
 class FutureOutcome(NamedTuple):
@@ -89,7 +90,7 @@ Notify = Callable[[list[FutureOutcome]], None]  # the engine's "these futures ju
 
 # The engine's scan: every pending request, oldest first (rows with the FutureRecord attribute names), metadata only.
 PENDING = select(FUTURES.c.id, FUTURES.c.session_id, FUTURES.c.model_id, FUTURES.c.request_type, FUTURES.c.seq_id,
-                 FUTURES.c.request, FUTURES.c.attempts, FUTURES.c.created_at).where(
+                 FUTURES.c.request, FUTURES.c.attempts, FUTURES.c.created_at, FUTURES.c.request_id).where(
     FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
 # The binary bodies of the requests the engine claimed (an expanding IN list: one round trip per batch).
 REQUEST_BODIES = select(FUTURES.c.id, FUTURES.c.request_body).where(FUTURES.c.id.in_(bindparam("ids", expanding=True)))

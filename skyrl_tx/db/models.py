@@ -221,6 +221,8 @@ class FutureRecord(Base):
     # {"category": "user" | "server", "message": str, "code": str}
     error: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # X-Request-Id of the HTTP request that created it (api/request_ids.py): the engine's lines about it name it too.
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -41,6 +41,12 @@ def _writes_files(f: FutureRow) -> bool:
         f.request_type == "save_weights_for_sampler" and not f.request.get("sampling_session_id"))
 
 
+def _named(f: FutureRow) -> str:
+    """A request in the engine's log: its future id and the X-Request-Id the API logged for it (api/request_ids.py)."""
+    request_id = getattr(f, "request_id", None)
+    return f"{f.id} request_id={request_id}" if request_id else f.id
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, SkyrlTxError):
         return {"category": exc.category, "message": exc.message, "code": exc.code.value}
@@ -98,10 +104,10 @@ class EngineLoop:
                     f.status, f.completed_at = FutureStatus.FAILED.value, datetime.now(timezone.utc)
                     f.error = {"category": "server", "code": "internal", "message": f"the engine stopped "
                                f"{f.attempts} times while running this request; it will not be retried"}
-                    log.error("request %s failed after %d engine crashes", f.id, f.attempts)
+                    log.error("request %s failed after %d engine crashes", _named(f), f.attempts)
                 else:
                     f.status = FutureStatus.PENDING.value
-                    log.info("request %s was interrupted by an engine stop; it runs again", f.id)
+                    log.info("request %s was interrupted by an engine stop; it runs again", _named(f))
         recovery_state.snapshotter(self).remove_orphans()
         replay.rebuild_models(self)
 
@@ -224,7 +230,7 @@ class EngineLoop:
                 done.append((f, self._barrier(f), None))
             except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
                 if not isinstance(exc, SkyrlTxError):
-                    log.exception("request %s (%s) failed", f.id, f.request_type)
+                    log.exception("request %s (%s) failed", _named(f), f.request_type)
                 done.append((f, None, _error(exc)))
         self._finish_many(done)
         return len(barriers)
@@ -304,7 +310,7 @@ class EngineLoop:
                     snapshots.release_old_snapshots(self.backend, db, request["model_id"], self.checkpointer)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
             if not isinstance(exc, SkyrlTxError):
-                log.exception("request %s (%s) failed", f.id, f.request_type)
+                log.exception("request %s (%s) failed", _named(f), f.request_type)
             self._finish(f, error=_error(exc))
             return
         self.checkpointer.saves.submit(f.model_id or request["model_id"], (f, pending),
@@ -425,7 +431,7 @@ class EngineLoop:
             result = fn(f)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
             if not isinstance(exc, SkyrlTxError):
-                log.exception("request %s (%s) failed", f.id, f.request_type)
+                log.exception("request %s (%s) failed", _named(f), f.request_type)
             self._finish(f, error=_error(exc))
             return
         self._finish(f, result=result)

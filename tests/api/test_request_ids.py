@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,14 @@ def test_sdk_requests_get_access_lines_naming_their_future(tinker_env: Any, serv
     line = wait_for_line(tinker_env, r"^.*POST /api/v1/forward_backward 200 [0-9.]+ms request_id=\S+ key=\S+ "
                                      r"future=\S+$")
     assert line is not None, server_log(tinker_env)[-2000:]
+    # The future stores that request id (the engine's lines about it name it: engine/loop.py _named).
+    database = Path(tinker_env.log_path).parent / "skyrl_tx.db"
+    if database.exists():  # the SQLite case (the PostgreSQL one has its database elsewhere)
+        request_id = re.search(r"request_id=(\S+)", line).group(1)
+        future_id = re.search(r"future=(\S+)$", line).group(1)
+        with sqlite3.connect(database) as db:
+            stored = db.execute("SELECT request_id FROM futures WHERE id = ?", (future_id,)).fetchone()
+        assert stored == (request_id,), (stored, line)
 
 
 def test_which_ids_are_accepted() -> None:

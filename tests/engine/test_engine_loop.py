@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timedelta, timezone
 
+import pytest
 import torch
 from sqlalchemy import select
 
@@ -195,3 +197,15 @@ def test_only_the_newest_sampler_snapshots_of_a_model_stay_in_memory(loop: Engin
     assert done["old"].status == "failed" and "weights were released" in done["old"].error["message"]
     assert done["old"].error["category"] == "user"
     assert done["new"].status == "completed"
+
+
+def test_engine_log_lines_name_the_request_id(loop: EngineLoop, caplog: pytest.LogCaptureFixture) -> None:
+    """The X-Request-Id the API stored with a future (api/submit.py) is in the engine's lines about it: here a
+    request that was running when an engine stopped, found again at recovery."""
+    create(loop, "s", "m")
+    interrupted = future("m:7", "optim_step", {"model_id": "m", "learning_rate": 1e-3}, model_id="m", seq_id=1)
+    interrupted.status, interrupted.request_id = "running", "trace-7f3a"
+    add(loop, interrupted)
+    with caplog.at_level(logging.INFO, logger="skyrl_tx.engine"):
+        loop.recover()
+    assert any("m:7 request_id=trace-7f3a was interrupted" in r.getMessage() for r in caplog.records), caplog.text
