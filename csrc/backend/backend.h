@@ -119,6 +119,8 @@ class Backend {
   int64_t submit_sample(sampling::SampleRequest request);
   /// Advances every queued and running request by one token; returns the finished ones by id.
   std::vector<std::pair<int64_t, sampling::SampleResult>> sample_step();
+  /// Streaming: for each of `sample_ids` still decoding, the tokens each of its samples has so far.
+  std::map<int64_t, std::vector<std::vector<int64_t>>> sample_progress(const std::vector<int64_t>& sample_ids) const;
   bool sampling_idle() const;
   /// Blocking convenience: runs `requests` to completion (alongside anything already running).
   std::vector<sampling::SampleResult> sample(const std::vector<sampling::SampleRequest>& requests);

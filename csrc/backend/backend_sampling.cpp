@@ -1,6 +1,8 @@
 // Backend's sampling half: frozen adapter snapshots (LRU-resident in device slots) and the generators.
 #include "backend/backend.h"
 
+#include <set>
+
 #include <c10/core/GradMode.h>
 
 #include "common/errors.h"
@@ -145,6 +147,18 @@ int64_t Backend::submit_sample(sampling::SampleRequest request) {
   const int64_t local = generator.submit(std::move(request), slot);
   sample_ids_[{&generator, local}] = next_sample_id_;
   return next_sample_id_++;
+}
+
+std::map<int64_t, std::vector<std::vector<int64_t>>> Backend::sample_progress(
+    const std::vector<int64_t>& sample_ids) const {
+  const std::set<int64_t> wanted(sample_ids.begin(), sample_ids.end());
+  std::map<int64_t, std::vector<std::vector<int64_t>>> out;
+  for (const auto& [key, id] : sample_ids_) {
+    if (!wanted.count(id)) continue;
+    std::vector<std::vector<int64_t>> tokens = key.first->tokens_so_far(key.second);
+    if (!tokens.empty()) out[id] = std::move(tokens);
+  }
+  return out;
 }
 
 std::vector<std::pair<int64_t, sampling::SampleResult>> Backend::sample_step() {

@@ -53,6 +53,7 @@ void bind_backend(py::module_& m) {
            py::arg("weights"), Release())
       .def("load_frozen_model", &Backend::load_frozen_model, py::arg("snapshot_id"), py::arg("weights"), Release())
       .def("sample_step", &Backend::sample_step, Release())
+      .def("sample_progress", &Backend::sample_progress, py::arg("sample_ids"), Release())
       .def("sampling_idle", &Backend::sampling_idle)
       .def("sample", &Backend::sample, py::arg("requests"), Release())
       .def_property_readonly("model_config", &Backend::model_config)

@@ -303,6 +303,17 @@ void Generator::choose(const std::vector<int64_t>& rows, const at::Tensor& logit
   }
 }
 
+std::vector<std::vector<int64_t>> Generator::tokens_so_far(int64_t request_id) const {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return {};
+  std::vector<std::vector<int64_t>> out;
+  for (const SampledSequence& done : it->second.result.sequences) out.push_back(done.tokens);  // finished samples
+  for (const auto& row : rows_) {
+    if (row && row->request_id == request_id) out[row->sample_index] = row->out.tokens;  // still decoding
+  }
+  return out;
+}
+
 void Generator::finish(int64_t row, const char* reason) {
   Sequence& seq = *rows_[row];
   seq.out.stop_reason = reason;

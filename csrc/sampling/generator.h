@@ -44,6 +44,9 @@ class Generator {
   /// sequence. Returns the requests that finished, by id.
   std::vector<std::pair<int64_t, SampleResult>> step();
   bool idle() const { return waiting_.empty() && running_ == 0; }
+  /// Streaming: the tokens each sample of an unfinished request has generated so far (a finished sample's are
+  /// final; stop strings are cut only when a sample finishes). Empty when `request_id` is not running.
+  std::vector<std::vector<int64_t>> tokens_so_far(int64_t request_id) const;
   /// Adapter slots that queued or running requests still need (snapshot eviction must spare them).
   std::set<int64_t> slots_in_use() const;
 

@@ -154,7 +154,8 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     store = CheckpointStore(checkpoints_base, settings.checkpoints_storage_options)
     engine_settings = EngineSettings.for_server(settings, model_dir, database_url, checkpoints_base)
     metrics = Metrics(engine)  # per app (api/metrics.py); counts the database's errors
-    runner = start_engine(settings, engine_settings, metrics.engine_events(waiters.notify_threadsafe))
+    runner = start_engine(settings, engine_settings, metrics.engine_events(waiters.notify_threadsafe,
+                                                                                waiters.progress_threadsafe))
 
     async def watch_engine_start(app: FastAPI) -> None:
         """The server serves while the engine loads the base model and rebuilds the live models (requests wait

@@ -42,9 +42,11 @@ class EngineEvents:
     """What the engine host calls: a Notify (long-polls first, then counters) with `report_stats` for the engine's
     periodic stats (engine/stats.py finds it on the notify callable, engine/process.py on on_finished)."""
 
-    def __init__(self, metrics: Metrics, notify: Notify) -> None:
+    def __init__(self, metrics: Metrics, notify: Notify, progress: Any = None) -> None:
         self._metrics = metrics
         self._notify = notify
+        if progress is not None:  # streaming samples' new tokens (engine/loop.py finds report_progress on us)
+            self.report_progress = progress
 
     def __call__(self, outcomes: list[FutureOutcome]) -> None:
         self._notify(outcomes)
@@ -138,8 +140,8 @@ class Metrics:
             self.snapshots.set(stats["snapshots"])
             self.snapshots_max.set(stats.get("snapshots_max_resident", 0))
 
-    def engine_events(self, notify: Notify) -> EngineEvents:
-        return EngineEvents(self, notify)
+    def engine_events(self, notify: Notify, progress: Any = None) -> EngineEvents:
+        return EngineEvents(self, notify, progress)
 
     # ---- the app ------------------------------------------------------------------------------------------------
     def install(self, app: FastAPI, runner: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -107,16 +108,61 @@ async def sample(request: Request, who: Principal, spec: SamplingSpec, weights_i
             waiters.unregister(future_id, waiter)
 
 
+async def stream_sample(request: Request, who: Principal, spec: SamplingSpec, weights_id: str,
+                        prompts: list[list[int]], max_tokens: list[int]) -> AsyncIterator[tuple[str, Any]]:
+    """Like sample(), for `stream: true`: yields ("tokens", prompt index, [new tokens per sample]) after every decode
+    step that added some (engine/loop.py reports them), then ("results", the engine's results, one per prompt)."""
+    if request.app.state.engine_failed:
+        raise OpenAIError(503, request.app.state.engine_failed)
+    waiters = request.app.state.waiters
+    jobs = [(f"oai-{uuid.uuid4().hex}", {"weights_id": weights_id, "prompt_tokens": prompt, "num_samples": spec.n,
+                                          "sampling_params": {**spec.params, "max_tokens": limit},
+                                          "prompt_logprobs": False, "topk_prompt_logprobs": 0, "stream": True})
+            for prompt, limit in zip(prompts, max_tokens)]
+    registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish
+    recheck = EXTERNAL_RECHECK_S if request.app.state.settings.engine == "external" else RECHECK_S
+    try:
+        await asyncio.to_thread(_submit_all, request, jobs, who)
+        results: list[Any] = [None] * len(jobs)
+        pending = set(range(len(jobs)))
+        while pending:
+            waits = {asyncio.ensure_future(registered[i][1].event.wait()) for i in pending}
+            done, rest = await asyncio.wait(waits, timeout=recheck, return_when=asyncio.FIRST_COMPLETED)
+            for task in rest:
+                task.cancel()
+            for i in sorted(pending):
+                future_id, waiter = registered[i]
+                waiter.event.clear()
+                while waiter.progress:
+                    yield "tokens", i, waiter.progress.pop(0)
+                outcome = waiter.outcome
+                if outcome is None and not done or outcome is not None and outcome.result is RESULT_IN_DATABASE:
+                    outcome = await asyncio.to_thread(_load, request, future_id)  # a recheck: the database
+                if outcome is None or outcome.status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+                    continue
+                if outcome.status == FutureStatus.FAILED.value:
+                    raise from_future_error(outcome.error)
+                results[i] = outcome.result
+                pending.discard(i)
+        yield "results", results
+    finally:
+        for future_id, waiter in registered:
+            waiters.unregister(future_id, waiter)
+
+
 async def _wait(request: Request, future_id: str, waiter: Any) -> dict[str, Any]:
     recheck = EXTERNAL_RECHECK_S if request.app.state.settings.engine == "external" else RECHECK_S
     status, result, error = FutureStatus.PENDING.value, None, None
     while status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+        timed_out = False
         try:
             await asyncio.wait_for(waiter.event.wait(), timeout=recheck)
         except TimeoutError:
-            pass
+            timed_out = True
         waiter.event.clear()
         outcome = waiter.outcome
+        if outcome is None and not timed_out:  # woken by a streaming sample's progress: not finished yet
+            continue
         if outcome is None or outcome.result is RESULT_IN_DATABASE:  # a recheck: the database has the truth
             outcome = await asyncio.to_thread(_load, request, future_id)
         if outcome is not None:

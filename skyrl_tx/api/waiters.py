@@ -11,11 +11,12 @@ from skyrl_tx.db.future_queries import FutureOutcome
 class Waiter:
     """One long-poll's wake-up: `event` is set when the future finishes; `outcome` is what the engine stored."""
 
-    __slots__ = ("event", "outcome")
+    __slots__ = ("event", "outcome", "progress")
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.outcome: FutureOutcome | None = None
+        self.progress: list[list[list[int]]] = []  # streaming: new tokens per sample, one entry per decode step
 
 
 class FutureWaiters:
@@ -51,4 +52,15 @@ class FutureWaiters:
         for outcome in outcomes:  # outcomes nobody waits for are dropped: the database has them
             for waiter in self._waiting.get(outcome.id, ()):
                 waiter.outcome = outcome
+                waiter.event.set()
+
+    def progress_threadsafe(self, items: list[tuple[str, list[list[int]]]]) -> None:
+        """A streaming sample's new tokens (engine thread or reader thread); the event is set as for an outcome."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._deliver_progress, items)
+
+    def _deliver_progress(self, items: list[tuple[str, list[list[int]]]]) -> None:
+        for future_id, tokens in items:
+            for waiter in self._waiting.get(future_id, ()):
+                waiter.progress.append(tokens)
                 waiter.event.set()

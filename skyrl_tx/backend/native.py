@@ -224,6 +224,10 @@ class NativeBackend:
     def sample_step(self) -> list[tuple[int, SampleResult]]:
         return [(i, _sample_result(r)) for i, r in self._core.sample_step()]
 
+    def sample_progress(self, sample_ids: Sequence[int]) -> dict[int, list[list[int]]]:
+        """Streaming: for each of `sample_ids` still decoding, the tokens each of its samples has so far."""
+        return {i: [list(t) for t in tokens] for i, tokens in self._core.sample_progress(list(sample_ids)).items()}
+
     def sample(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
         """Runs the requests to completion in one continuous batch."""
         return [_sample_result(r) for r in self._core.sample([_native_sample_request(r) for r in requests])]

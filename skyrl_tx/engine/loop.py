@@ -71,6 +71,10 @@ class EngineLoop:
         self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
         self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
         self.arrived: Callable[[], bool] = lambda: False  # whether a request arrived since the last scan (run_engine)
+        # Streaming samples (the OpenAI endpoint's stream: true): after each decode step, the tokens each sample
+        # gained go to `report_progress([(future id, [new tokens per sample])])` where the notify callable has one.
+        self._report_progress = getattr(notify, "report_progress", None)
+        self._streams: dict[int, list[int]] = {}  # backend sample id → tokens already reported, per sample
         self.stats = EngineStats.attach(self)  # for /metrics (engine/stats.py)
 
     def expire_sessions(self) -> list[str]:
@@ -389,7 +393,11 @@ class EngineLoop:
             if ":sample:" in weights_id and not self.checkpointer.has_snapshot(weights_id):
                 raise snapshots.released_error(weights_id)
             self.checkpointer.ensure_snapshot(weights_id)
-            self._sampling[self.backend.submit_sample(executor.sample_request(f.request))] = f
+            backend_id = self.backend.submit_sample(executor.sample_request(f.request))
+            self._sampling[backend_id] = f
+            if f.request.get("stream") and self._report_progress is not None and hasattr(self.backend,
+                                                                                          "sample_progress"):
+                self._streams[backend_id] = []
         except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
             self._finish(f, error=_error(exc))
 
@@ -413,6 +421,7 @@ class EngineLoop:
             return False
         done = []
         for backend_id, result in self.backend.sample_step():
+            self._streams.pop(backend_id, None)
             f = self._sampling.pop(backend_id, None)
             if f is not None and getattr(result, "error", None) is not None:  # external sampler's failed request
                 done.append((f, None, _error(result.error)))
@@ -420,7 +429,22 @@ class EngineLoop:
                 done.append((f, executor.sample_result(result), None))
         if done:  # every sample that finished in this step: one transaction, one notification
             self._finish_many(done)
+        if self._streams:
+            self._report_stream_progress()
         return True
+
+    def _report_stream_progress(self) -> None:
+        """The tokens each streaming sample gained in this step (its final result still comes as its outcome)."""
+        items = []
+        for backend_id, so_far in self.backend.sample_progress(list(self._streams)).items():
+            sent = self._streams[backend_id]
+            sent.extend([0] * (len(so_far) - len(sent)))
+            new = [tokens[already:] for tokens, already in zip(so_far, sent)]
+            if any(new):
+                items.append((self._sampling[backend_id].id, [list(t) for t in new]))
+                self._streams[backend_id] = [len(tokens) for tokens in so_far]
+        if items:
+            self._report_progress(items)
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _run_single(self, f: FutureRow, fn: Callable[[FutureRow], dict[str, Any]],

@@ -35,6 +35,7 @@ STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
 START_GATE_ENV = "SKYRL_TX_TEST_ENGINE_START_GATE"
 DONE = "done "
 STATS = "stats "
+PROGRESS = "progress "  # streaming samples' new tokens: [[future id, [[tokens of sample 0], ...]], ...]
 
 
 def done_line(outcomes: list[FutureOutcome]) -> str:
@@ -58,6 +59,9 @@ class PipeEvents:
 
     def report_stats(self, stats: dict[str, Any]) -> None:
         self._write_line(STATS + json.dumps(stats))
+
+    def report_progress(self, items: list[tuple[str, list[list[int]]]]) -> None:
+        self._write_line(PROGRESS + json.dumps(items))
 
 
 class EngineProcess:
@@ -158,6 +162,13 @@ class EngineProcess:
                     log.exception("engine process: unreadable report %.200s", line)
                     continue
                 self._on_finished(outcomes)
+            elif line.startswith(PROGRESS):
+                report_progress = getattr(self._on_finished, "report_progress", None)
+                if report_progress is not None:
+                    try:
+                        report_progress([(fid, tokens) for fid, tokens in json.loads(line[len(PROGRESS):])])
+                    except (ValueError, TypeError):  # the stream still gets the whole result at the end
+                        log.warning("engine process: unreadable progress %.200s", line)
             elif line.startswith(STATS):
                 report_stats = getattr(self._on_finished, "report_stats", None)
                 if report_stats is not None:

@@ -173,6 +173,26 @@ def test_streaming_yields_the_same_text_chunk_by_chunk(client: openai.OpenAI, se
     assert "".join(texts) == plain.choices[0].text
 
 
+def test_stream_follows_the_decode_steps_and_joins_to_the_whole_answer(client: openai.OpenAI) -> None:
+    """stream: true sends text as the engine decodes (api/openai_live.py): with n=2 the two choices' chunks
+    interleave step by step (the finished-result path sends one choice after the other), stop strings are cut
+    exactly as without streaming, and the chunks of each choice join to the non-streamed text."""
+    args = {"model": BASE_MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 1.0, "seed": 123, "n": 2}
+    for stop in (None, ["e", "at"]):
+        whole = client.completions.create(**args, stop=stop)
+        chunks = list(client.completions.create(**args, stop=stop, stream=True))
+        order = [c.choices[0].index for c in chunks if c.choices and c.choices[0].text]
+        for choice in whole.choices:
+            streamed = "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == choice.index)
+            assert streamed == choice.text, (stop, choice.index)
+            finish = [c.choices[0].finish_reason for c in chunks
+                      if c.choices and c.choices[0].index == choice.index and c.choices[0].finish_reason]
+            assert finish == [choice.finish_reason]
+        if stop is None:
+            assert all(len(c.text) > 10 for c in whole.choices), "short answers: the interleaving is not exercised"
+            assert order != sorted(order), f"choices came one after the other, not per decode step: {order}"
+
+
 def test_models_and_sampling_a_saved_checkpoint_by_its_tinker_path(client: openai.OpenAI, service_client: Any,
                                                                    hf_tokenizer: Any) -> None:
     trainer = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()

@@ -1,8 +1,9 @@
 """The OpenAI-compatible endpoint (/oai/api/v1, alias /v1): completions, chat completions and models, sampled by
 the same engine batch as Tinker's asample. Errors are OpenAI-shaped ({"error": {message, type, param, code}}).
 
-`stream: true` sends the finished result as server-sent-event chunks (one per generated token): the engine reports
-a sample when it is complete, so the chunks arrive together once the sequence has finished decoding."""
+`stream: true` sends server-sent-event chunks as the engine decodes (api/openai_live.py: the engine reports each
+streaming sample's new tokens after every decode step); with `logprobs` it sends the finished result as chunks, one
+per generated token (the decode steps report tokens, not logprobs)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from skyrl_tx.api import openai_render as render
 from skyrl_tx.api.json_response import FiniteJSONResponse
 from skyrl_tx.api.openai_errors import OpenAIError, error_json, from_skyrl, invalid
+from skyrl_tx.api.openai_live import live_sse
 from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkpoints
 from skyrl_tx.api.openai_schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
                                          prompts_of)
@@ -93,6 +95,10 @@ async def _respond(spec: Any, chunks: Callable[[], Iterator[dict[str, Any]]],
     return FiniteJSONResponse(await asyncio.to_thread(whole))
 
 
+def _live(events: Any) -> Response:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def _tokenize_prompts(text: ModelText, raw_prompts: list[str | list[int]]) -> list[list[int]]:
     prompts = []
     for p in raw_prompts:
@@ -123,6 +129,8 @@ async def completions(request: Request) -> Response:
     who = await caller(request)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model, who)
     limits = [_max_tokens(request, spec.params["max_tokens"], "max_tokens", len(p), "prompt") for p in prompts]
+    if spec.stream and not spec.logprobs:  # chunk by chunk as the engine decodes (api/openai_live.py)
+        return _live(live_sse(request, who, spec, weights_id, text, body.model, prompts, limits, chat=False))
     results = await sample(request, who, spec, weights_id, prompts, limits)
     picked = await asyncio.to_thread(render.choices, text, spec, results)
     lengths = [len(p) for p in prompts]
@@ -140,6 +148,8 @@ async def chat_completions(request: Request) -> Response:
     who = await caller(request)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model, who)
     limit = _max_tokens(request, spec.params["max_tokens"], spec.max_tokens_name, len(prompt), "messages")
+    if spec.stream and not spec.logprobs:
+        return _live(live_sse(request, who, spec, weights_id, text, body.model, [prompt], [limit], chat=True))
     (result,) = await sample(request, who, spec, weights_id, [prompt], [limit])
     picked = await asyncio.to_thread(render.choices, text, spec, [result])
     return await _respond(spec, lambda: render.chat_chunks(text, spec, body.model, picked, len(prompt)),
