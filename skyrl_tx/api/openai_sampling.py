@@ -90,34 +90,25 @@ async def sample(request: Request, who: Principal, spec: SamplingSpec, weights_i
                  prompts: list[list[int]], max_tokens: list[int]) -> list[dict[str, Any]]:
     """The engine's sample results ({"sequences": [{tokens, logprobs, stop_reason}]}), one per prompt, each from
     a `sample` future of num_samples = n (what asample stores). Waits on the engine's notification."""
-    if request.app.state.engine_failed:
-        raise OpenAIError(503, request.app.state.engine_failed)
-    waiters = request.app.state.waiters
-    jobs = []
-    for prompt, limit in zip(prompts, max_tokens):
-        job = {"weights_id": weights_id, "prompt_tokens": prompt, "num_samples": spec.n,
-               "sampling_params": {**spec.params, "max_tokens": limit},
-               "prompt_logprobs": False, "topk_prompt_logprobs": 0}
-        jobs.append((f"oai-{uuid.uuid4().hex}", job))
-    registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish
-    try:
-        await asyncio.to_thread(_submit_all, request, jobs, who)
-        return [await _wait(request, future_id, waiter) for future_id, waiter in registered]
-    finally:
-        for future_id, waiter in registered:
-            waiters.unregister(future_id, waiter)
+    async for event in stream_sample(request, who, spec, weights_id, prompts, max_tokens, stream=False):
+        if event[0] == "results":
+            return event[1]
+    raise AssertionError("stream_sample ended without results")
 
 
 async def stream_sample(request: Request, who: Principal, spec: SamplingSpec, weights_id: str,
-                        prompts: list[list[int]], max_tokens: list[int]) -> AsyncIterator[tuple[str, Any]]:
-    """Like sample(), for `stream: true`: yields ("tokens", prompt index, [new tokens per sample]) after every decode
-    step that added some (engine/loop.py reports them), then ("results", the engine's results, one per prompt)."""
+                        prompts: list[list[int]], max_tokens: list[int],
+                        stream: bool = True) -> AsyncIterator[tuple[str, Any]]:
+    """One `sample` future per prompt (num_samples = n, what asample stores). With `stream`, yields ("tokens", prompt
+    index, [new tokens per sample]) after every decode step that added some (engine/loop.py reports them); then
+    ("results", the engine's results, one per prompt). Waits on the engine's notifications."""
     if request.app.state.engine_failed:
         raise OpenAIError(503, request.app.state.engine_failed)
     waiters = request.app.state.waiters
     jobs = [(f"oai-{uuid.uuid4().hex}", {"weights_id": weights_id, "prompt_tokens": prompt, "num_samples": spec.n,
                                           "sampling_params": {**spec.params, "max_tokens": limit},
-                                          "prompt_logprobs": False, "topk_prompt_logprobs": 0, "stream": True})
+                                          "prompt_logprobs": False, "topk_prompt_logprobs": 0,
+                                          **({"stream": True} if stream else {})})
             for prompt, limit in zip(prompts, max_tokens)]
     registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish
     recheck = EXTERNAL_RECHECK_S if request.app.state.settings.engine == "external" else RECHECK_S
@@ -148,25 +139,3 @@ async def stream_sample(request: Request, who: Principal, spec: SamplingSpec, we
     finally:
         for future_id, waiter in registered:
             waiters.unregister(future_id, waiter)
-
-
-async def _wait(request: Request, future_id: str, waiter: Any) -> dict[str, Any]:
-    recheck = EXTERNAL_RECHECK_S if request.app.state.settings.engine == "external" else RECHECK_S
-    status, result, error = FutureStatus.PENDING.value, None, None
-    while status in (FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
-        timed_out = False
-        try:
-            await asyncio.wait_for(waiter.event.wait(), timeout=recheck)
-        except TimeoutError:
-            timed_out = True
-        waiter.event.clear()
-        outcome = waiter.outcome
-        if outcome is None and not timed_out:  # woken by a streaming sample's progress: not finished yet
-            continue
-        if outcome is None or outcome.result is RESULT_IN_DATABASE:  # a recheck: the database has the truth
-            outcome = await asyncio.to_thread(_load, request, future_id)
-        if outcome is not None:
-            status, result, error = outcome.status, outcome.result, outcome.error
-    if status == FutureStatus.FAILED.value:
-        raise from_future_error(error)
-    return result

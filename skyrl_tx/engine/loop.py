@@ -441,7 +441,7 @@ class EngineLoop:
             sent.extend([0] * (len(so_far) - len(sent)))
             new = [tokens[already:] for tokens, already in zip(so_far, sent)]
             if any(new):
-                items.append((self._sampling[backend_id].id, [list(t) for t in new]))
+                items.append((self._sampling[backend_id].id, new))
                 self._streams[backend_id] = [len(tokens) for tokens in so_far]
         if items:
             self._report_progress(items)

@@ -5,19 +5,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 import traceback
 from typing import Any
 
 import pytest
+from live_server import free_port
 
 TIMEOUT_S = 240.0  # spawned ranks import torch: slow on a loaded 2-core box
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, scenario: str, out: Any) -> None:

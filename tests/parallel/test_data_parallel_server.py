@@ -10,20 +10,13 @@ import time
 from typing import Any
 
 import pytest
-from live_server import live_server
+from live_server import free_port, live_server
 
+from skyrl_tx.bench.api import _engine_pid
 from skyrl_tx.bench.live_server import healthy
 
 DP = {"fully_sharded_data_parallel_size": 2}
 STEPS = 4
-
-
-def _engine_pid(url: str) -> int:
-    import json
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=5) as response:
-        return int(json.loads(response.read())["engine_pid"])
 
 
 def _children(pid: int) -> list[int]:
@@ -133,8 +126,6 @@ def _worker_node(port: int, process_id: int, processes: int, world: int, base_mo
 
 def test_worker_nodes_joining_a_coordinator_train_as_one_process(preset_cache, one_process_run) -> None:
     """As two more nodes would: `skyrl-tx worker --process-id 1|2` join the engine's coordinator address."""
-    from live_server import free_port
-
     port = free_port()
     nodes = [_worker_node(port, i, 3, 3) for i in (1, 2)]
     try:
@@ -153,8 +144,6 @@ def test_worker_nodes_joining_a_coordinator_train_as_one_process(preset_cache, o
 
 def test_a_node_with_another_model_is_refused_by_name(preset_cache) -> None:
     """A worker node started with a different checkpoint stops with exit code 2, naming what differs."""
-    from live_server import free_port
-
     port = free_port()
     node = _worker_node(port, 1, 2, 2, base_model="tiny-llama3")
     config = {"fully_sharded_data_parallel_size": 2, "num_processes": 2, "coordinator_address": f"127.0.0.1:{port}"}

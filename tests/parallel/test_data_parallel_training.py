@@ -5,11 +5,11 @@ ragged batches whose row count is no multiple of the rank count, three AdamW ste
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import traceback
 from typing import Any
 
 import pytest
+from live_server import free_port
 
 TIMEOUT_S = 240.0
 MODELS = ("a", "b", "full")
@@ -18,12 +18,6 @@ MODELS = ("a", "b", "full")
 LENGTHS = [{"a": [11, 4, 7], "b": [9, 3], "full": [6, 5]},
            {"a": [5], "b": [12, 2, 8, 6], "full": [10, 3]},
            {"a": [8, 8, 3], "b": [4], "full": [7, 9, 2]}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
@@ -74,7 +68,7 @@ def _rank_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> No
 
 def _run_ranks(model_dir: str, world: int) -> dict[int, Any]:
     context = multiprocessing.get_context("spawn")
-    out, port = context.Queue(), _free_port()
+    out, port = context.Queue(), free_port()
     procs = [context.Process(target=_rank_main, args=(model_dir, r, world, port, out), daemon=True)
              for r in range(world)]
     for p in procs:
