@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+from skyrl_tx.ports import free_local_port
 
 READY_MARKER = "engine ready"  # logged once the engine has recovered and serves requests
 
@@ -26,9 +27,7 @@ class LiveServer(NamedTuple):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_local_port()  # outside the ephemeral range: skyrl_tx/ports.py says why
 
 
 def healthy(url: str) -> bool:

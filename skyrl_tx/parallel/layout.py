@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.ports import free_local_port
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_local_port()  # outside the ephemeral range: skyrl_tx/ports.py says why
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,18 @@ def test_split_rows_by_tokens_rejects_bad_input() -> None:
         native.split_rows_by_tokens([1, 2], 0)
     with pytest.raises(InvalidArgumentError, match="negative token count"):
         native.split_rows_by_tokens([1, -2], 2)
+
+
+def test_coordinator_ports_come_from_outside_the_ephemeral_range() -> None:
+    """A port in the ephemeral range can be handed to any outbound connection (or to a rank's own retried connect,
+    a loopback self-connect) before rank 0's store binds it: the flake this test guards against."""
+    import socket
+
+    from skyrl_tx.ports import _ephemeral_low, free_local_port
+
+    low = _ephemeral_low()
+    ports = {free_local_port() for _ in range(20)}
+    assert all(15000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # random, so parallel test processes do not pick the same one
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))

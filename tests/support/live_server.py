@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from skyrl_tx.ports import free_local_port
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0
@@ -52,9 +53,7 @@ class ServerUrl(str):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_local_port()  # outside the ephemeral range: skyrl_tx/ports.py says why
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
