@@ -262,6 +262,7 @@ class BackendConfig:
     device: str
     dtype: str
     gradient_checkpointing: bool
+    prefix_caching: bool
     def __init__(self) -> None:
         ...
     def validate(self) -> None:
@@ -277,6 +278,12 @@ class BackendConfig:
         ...
     @max_full_models.setter
     def max_full_models(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def max_logprobs_k(self) -> int:
+        ...
+    @max_logprobs_k.setter
+    def max_logprobs_k(self, arg0: typing.SupportsInt) -> None:
         ...
     @property
     def max_lora_adapters(self) -> int:
@@ -483,6 +490,7 @@ class SampleRequest:
     params: SamplingParams
     prompt: torch.Tensor
     prompt_logprobs: bool
+    target_prompt_token_ids: torch.Tensor
     weights_id: str
     def __init__(self) -> None:
         ...
@@ -493,10 +501,28 @@ class SampleRequest:
     def num_samples(self, arg0: typing.SupportsInt) -> None:
         ...
     @property
+    def prompt_alt_tokens_k(self) -> int:
+        ...
+    @prompt_alt_tokens_k.setter
+    def prompt_alt_tokens_k(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def prompt_logprobs_last_n(self) -> int:
+        ...
+    @prompt_logprobs_last_n.setter
+    def prompt_logprobs_last_n(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
     def topk_prompt_logprobs(self) -> int:
         ...
     @topk_prompt_logprobs.setter
     def topk_prompt_logprobs(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def topk_sample_logprobs(self) -> int:
+        ...
+    @topk_sample_logprobs.setter
+    def topk_sample_logprobs(self, arg0: typing.SupportsInt) -> None:
         ...
 class SampledSequence:
     @property
@@ -508,12 +534,30 @@ class SampledSequence:
     @property
     def tokens(self) -> list[int]:
         ...
+    @property
+    def topk_logprobs(self) -> list[float]:
+        ...
+    @property
+    def topk_token_ids(self) -> list[int]:
+        ...
 class SampleResult:
+    @property
+    def prompt_alt_logprobs(self) -> torch.Tensor:
+        ...
+    @property
+    def prompt_alt_token_ids(self) -> torch.Tensor:
+        ...
+    @property
+    def prompt_cache_hit_tokens(self) -> int:
+        ...
     @property
     def prompt_logprobs(self) -> torch.Tensor:
         ...
     @property
     def sequences(self) -> list[SampledSequence]:
+        ...
+    @property
+    def target_prompt_logprobs(self) -> torch.Tensor:
         ...
     @property
     def topk_prompt_logprobs(self) -> torch.Tensor:

@@ -27,6 +27,12 @@ class BackendSettings:
     gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
     max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
+    # Largest k a sample request may ask of top-k logprobs (prompt or sampled positions) and alternative draws: each
+    # position's k pairs are kept and sent, so k bounds a response's size (hosted Tinker caps it at 20 too).
+    max_logprobs_k: int = 20
+    # Sampling keeps finished sequences' K/V cache rows and serves a later prompt's matching prefix from them instead
+    # of prefilling it again (the base model and snapshots only: their weights never change); rows are reclaimed LRU.
+    prefix_caching: bool = True
     max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
     cuda_graphs: bool = True  # GPU: capture each decode step shape as a CUDA graph once, then replay it
     num_threads: int = 0  # engine's intra-op threads; 0: from the cores it owns (engine/threads.py)
@@ -98,7 +104,7 @@ class BackendSettings:
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
-                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb",
+                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb", "max_logprobs_k",
                     "fully_sharded_data_parallel_size", "num_processes"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")

@@ -90,6 +90,10 @@ class SampleRequest:
     weights_id: str = ""  # "" base model, a live model id, or a snapshot id
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
+    prompt_logprobs_last_n: int = 0  # > 0: prompt (top-k) logprobs of the last N prompt tokens only
+    target_prompt_token_ids: list[list[int]] | None = None  # [len(prompt) - 1][K]: ids scored at i + 1; -1 none
+    prompt_alt_tokens_k: int = 0  # k draws at the request's temperature at every prompt position after the first
+    topk_sample_logprobs: int = 0  # the k most likely tokens at every generated position
 
 
 @dataclass
@@ -97,10 +101,14 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" or "length"
+    topk_logprobs: list[list[tuple[int, float]]] | None = None  # per generated token, when topk_sample_logprobs > 0
 
 
 @dataclass
 class SampleResult:
     sequences: list[SampledSequence]
-    prompt_logprobs: list[float | None] | None = None  # prompt length; first entry None
+    prompt_logprobs: list[float | None] | None = None  # prompt length; None where not scored (entry 0 always)
     topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+    target_prompt_logprobs: list[list[float]] | None = None  # [len(prompt) - 1][K]; 0.0 where the id was -1
+    prompt_alt_tokens: tuple[list[list[int]], list[list[float]]] | None = None  # ids, logprobs: [len(prompt) - 1][k]
+    prompt_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache instead of prefilled

@@ -33,6 +33,8 @@ void BackendConfig::validate() const {
   SKYRL_TX_CHECK(max_sampling_sequences >= 1 && max_sampling_length >= 2 && max_resident_snapshots >= 1,
                  InvalidArgument, "backend config: max_sampling_sequences >= 1, max_sampling_length >= 2 and ",
                  "max_resident_snapshots >= 1 are required");
+  SKYRL_TX_CHECK(max_logprobs_k >= 1, InvalidArgument, "backend config: max_logprobs_k must be >= 1 (got ",
+                 max_logprobs_k, ")");
   SKYRL_TX_CHECK(max_full_models >= 0, InvalidArgument, "backend config: max_full_models must be >= 0 (got ",
                  max_full_models, ")");
   SKYRL_TX_CHECK(train_micro_batch_tokens >= 1, InvalidArgument,

@@ -18,6 +18,8 @@ struct BackendConfig {
   bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
   int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
   int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence
+  int64_t max_logprobs_k = 20;              // largest top-k logprobs / alternative draws per position
+  bool prefix_caching = true;               // reuse cached prompt prefixes of immutable weights (base, snapshots)
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
   bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
 

@@ -8,6 +8,12 @@
 #include "common/errors.h"
 
 namespace skyrl_tx::backend {
+namespace {
+
+// The base model's prefix-cache key: not a weights id (snapshot ids are never empty, nor start with a NUL).
+const std::string kBasePrefixKey("\0base", 5);
+
+}  // namespace
 
 void Backend::set_tokenizer_info(std::vector<int64_t> eos_tokens, std::vector<std::string> token_bytes) {
   SKYRL_TX_CHECK(generators_.empty(), Conflict, "set_tokenizer_info: must be called before the first sample");
@@ -55,6 +61,10 @@ void Backend::remove_snapshot(const std::string& snapshot_id) {
     for (const auto& m : model_->lora_modules()) m.module->disable_slot(slot);
   }
   snapshots_.erase(it);
+  // Its id may name other weights later: what was computed under it must not be served then.
+  if (auto generator = generators_.find(model_.get()); generator != generators_.end()) {
+    generator->second->drop_prefix_cache(snapshot_id);
+  }
 }
 
 void Backend::drop_generator(const models::CausalLM& model, const std::string& busy_message) {
@@ -114,6 +124,8 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
     cfg.prefill_token_budget = config_.train_micro_batch_tokens;
     cfg.seed = config_.seed;
     cfg.logprobs_chunk_tokens = config_.logprobs_chunk_tokens;
+    cfg.max_logprobs_k = config_.max_logprobs_k;
+    cfg.prefix_caching = config_.prefix_caching;
     // CPU decode stays eager: with no launch overhead to save, padding rows and keys would only add work.
     cfg.decode_mode = model.options().device.is_cuda() && config_.cuda_graphs && model.cuda_graph_capturable()
                           ? sampling::DecodeMode::kCudaGraph
@@ -133,18 +145,23 @@ const models::CausalLM& Backend::sampling_model(const std::string& weights_id) c
 int64_t Backend::submit_sample(sampling::SampleRequest request) {
   const models::CausalLM* model = model_.get();
   int64_t slot = 0;
-  const std::string& id = request.weights_id;
+  const std::string id = request.weights_id;
+  // Prompt prefixes are reused only under weights that never change: the base model, snapshots (adapter or full).
+  std::string prefix_cache_key;
   if (auto full = full_models_.find(id); full != full_models_.end()) {
     model = full->second.get();
   } else if (auto frozen = frozen_models_.find(id); frozen != frozen_models_.end()) {
     model = frozen->second.get();
+    prefix_cache_key = id;
   } else if (snapshots_.count(id)) {
     slot = resident_slot(id);
+    prefix_cache_key = id;
   } else {
     slot = registry_.slot_of(id);  // "" = base (slot 0); unknown ids throw NotFound
+    if (slot == 0) prefix_cache_key = kBasePrefixKey;
   }
   sampling::Generator& generator = generator_for(*model);
-  const int64_t local = generator.submit(std::move(request), slot);
+  const int64_t local = generator.submit(std::move(request), slot, std::move(prefix_cache_key));
   sample_ids_[{&generator, local}] = next_sample_id_;
   return next_sample_id_++;
 }

@@ -64,7 +64,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   if (cache != nullptr) {
     at::Tensor k_cache = cache->keys->at(layer);  // [rows, kv_heads, max_len, D]; a handle, shares storage
     at::Tensor v_cache = cache->values->at(layer);
-    if (!cache->decode) {
+    if (cache->extend) {  // after a cached prefix: write this row's new keys, attend to the prefix and them
+      const int64_t row = cache->extend_row, start = cache->extend_start;
+      k_cache.select(0, row).narrow(1, start, seq).copy_(k.select(0, 0));  // [kv_heads, T, D]
+      v_cache.select(0, row).narrow(1, start, seq).copy_(v.select(0, 0));
+      k = k_cache.narrow(0, row, 1).narrow(2, 0, start + seq);  // [1, kv_heads, start + T, D]
+      v = v_cache.narrow(0, row, 1).narrow(2, 0, start + seq);
+      attn_mask = cache->attend_mask;
+    } else if (!cache->decode) {
       k_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, k);
       v_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, v);
     } else {

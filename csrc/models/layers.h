@@ -61,6 +61,10 @@ struct KvCacheView {
   int64_t attend_len = 0;  // decode: keys [0, attend_len) are read
   at::Tensor attend_mask;  // decode: bool [B, 1, 1, attend_len]
   at::Tensor batch_rows;   // decode: int64 [B] = arange(B) (built once per step; computed here when undefined)
+  // extend (a prefix-cache hit): batch row 0's T tokens go to cache row `extend_row` at positions
+  // [extend_start, extend_start + T) and attend to keys [0, extend_start + T) through attend_mask [1, 1, T, that].
+  bool extend = false;
+  int64_t extend_row = 0, extend_start = 0;
 };
 
 /// The attention seam: one implementation per AttentionKind (models/architectures.h).

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/errors.h"
 #include "models/rope.h"
 
 namespace skyrl_tx::models {
@@ -90,7 +91,17 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
 
   std::optional<at::Tensor> attn_mask = mask.mask.defined() ? std::optional(mask.mask) : std::nullopt;
   at::Tensor k, v;
-  if (cache == nullptr || !cache->decode) {
+  if (cache != nullptr && cache->extend) {  // after a cached prefix (one row, one adapter)
+    const int64_t row = cache->extend_row, start = cache->extend_start, len = start + seq;
+    at::Tensor store = cache->keys->at(layer);  // [rows, 1, max_len, kv_lora_rank + rope]; shares storage
+    store.select(0, row).narrow(1, start, seq).copy_(at::cat({latent.unsqueeze(1), k_rot}, -1).select(0, 0));
+    at::Tensor past = store.narrow(0, row, 1).narrow(2, 0, len);  // [1, 1, L, D]
+    SKYRL_TX_CHECK(!segments.row_dense() && segments.segments().size() == 1, Internal,
+                   "MLA extend: expects one row under one adapter");
+    std::tie(k, v) = expand(past.select(1, 0).narrow(-1, 0, kv_lora_rank_), past.narrow(-1, kv_lora_rank_, rope_),
+                            lora::AdapterSegments::uniform(segments.segments().front().slot, len));
+    attn_mask = cache->attend_mask;
+  } else if (cache == nullptr || !cache->decode) {
     if (cache != nullptr) {  // prefill: cache latent + rotated RoPE key, [B, 1, T, kv_lora_rank + rope]
       at::Tensor entry = at::cat({latent.unsqueeze(1), k_rot}, -1);
       cache->keys->at(layer).narrow(2, 0, seq).index_copy_(0, cache->rows, entry);

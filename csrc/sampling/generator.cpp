@@ -9,6 +9,7 @@
 
 #include "batching/packing.h"
 #include "common/errors.h"
+#include "sampling/prompt_scoring.h"
 #include "sampling/sampler.h"
 
 namespace skyrl_tx::sampling {
@@ -61,18 +62,18 @@ void Generator::validate(SampleRequest& request) const {
   SKYRL_TX_CHECK(total <= config_.max_length, InvalidArgument, "sample: prompt (", request.prompt.numel(),
                  " tokens) + max_tokens (", request.params.max_tokens, ") = ", total,
                  " exceeds max_sampling_length=", config_.max_length, "; shorten the prompt or lower max_tokens");
-  SKYRL_TX_CHECK(request.topk_prompt_logprobs >= 0 && request.topk_prompt_logprobs <= vocab, InvalidArgument,
-                 "sample: topk_prompt_logprobs must be in [0, ", vocab, "] (got ", request.topk_prompt_logprobs, ")");
+  validate_prompt_scoring(request, vocab, config_.max_logprobs_k);
   SKYRL_TX_CHECK(request.params.stop_strings.empty() || token_bytes_ != nullptr, InvalidArgument,
                  "sample: stop strings need the tokenizer's token bytes, which this backend was not given");
 }
 
-int64_t Generator::submit(SampleRequest request, int64_t slot) {
+int64_t Generator::submit(SampleRequest request, int64_t slot, std::string prefix_cache_key) {
   validate(request);
   const int64_t id = next_id_++;
   Request& req = requests_[id];
   req.request = std::move(request);
   req.slot = slot;
+  req.cache_key = config_.prefix_caching ? std::move(prefix_cache_key) : std::string();
   req.unfinished = req.request.num_samples;
   req.result.sequences.resize(req.request.num_samples);
   waiting_.push_back(id);
@@ -99,15 +100,40 @@ std::vector<int64_t> Generator::admit() {
   while (!waiting_.empty()) {
     Request& req = requests_.at(waiting_.front());
     const int64_t prompt_len = req.request.prompt.numel();
+    // The longest cached prefix of the prompt, short of the first position the request scores (its hidden state
+    // is needed) and of the last token (its logits start the sampling).
+    PrefixCache::Hit hit;
+    if (!req.cache_key.empty()) {
+      const int64_t* ids = req.request.prompt.data_ptr<int64_t>();
+      hit = prefix_cache_.lookup(req.cache_key, std::vector<int64_t>(ids, ids + prompt_len),
+                                 first_scored_row(req.request));
+    }
+    if (!admitted.empty() && tokens + prompt_len - hit.length > config_.prefill_token_budget) break;
     // FIFO admission: a request that does not fit yet waits for rows to free up (never an OOM).
-    if (cache_.free_rows() < req.request.num_samples) break;
-    if (!admitted.empty() && tokens + prompt_len > config_.prefill_token_budget) break;
-    for (int64_t i = 0; i < req.request.num_samples; ++i) req.rows.push_back(cache_.allocate_row());
-    tokens += prompt_len;
+    if (!claim_rows(req.request.num_samples, hit.row, req.rows)) break;
+    if (hit.length > 0) {  // copied now: a later request's eviction may reuse the cached row
+      cache_.copy_prefix(hit.row, {req.rows.front()}, hit.length);
+      req.cached_prefix = hit.length;
+    }
+    tokens += prompt_len - hit.length;
     admitted.push_back(waiting_.front());
     waiting_.pop_front();
   }
   return admitted;
+}
+
+bool Generator::claim_rows(int64_t count, int64_t keep_row, std::vector<int64_t>& rows) {
+  while (cache_.free_rows() < count) {
+    const int64_t row = prefix_cache_.evict_lru(keep_row);
+    if (row < 0) return false;
+    cache_.release_row(row);
+  }
+  for (int64_t i = 0; i < count; ++i) rows.push_back(cache_.allocate_row());
+  return true;
+}
+
+void Generator::drop_prefix_cache(const std::string& prefix_cache_key) {
+  for (int64_t row : prefix_cache_.drop(prefix_cache_key)) cache_.release_row(row);
 }
 
 at::Generator Generator::sequence_rng(const SampleRequest& request, int64_t sample_index) {
@@ -120,39 +146,70 @@ at::Generator Generator::sequence_rng(const SampleRequest& request, int64_t samp
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
+at::Generator Generator::prompt_rng(const SampleRequest& request) {
+  // Its own stream, apart from every sample's: asking for alternative draws never changes the samples.
+  constexpr uint64_t kPromptStream = 0xA1700000ULL;
+  uint64_t seed = 0;
+  if (request.params.seed.has_value()) {
+    seed = mix_seed(*request.params.seed ^ kPromptStream, 0);
+  } else {
+    seed = static_cast<uint64_t>(at::randint(0, INT64_MAX, {1}, seed_source_, at::kLong).item<int64_t>());
+  }
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
 void Generator::prefill(const std::vector<int64_t>& ids) {
   const at::Device device = model_.options().device;
-  std::vector<at::Tensor> prompts;
-  std::vector<int64_t> slots;
-  for (int64_t id : ids) {
-    prompts.push_back(requests_.at(id).request.prompt);
-    slots.push_back(requests_.at(id).slot);
-  }
-  batching::PackedBatch batch =
-      batching::pack_sequences(prompts, prompts, slots, model_.config().vocab_size, device);
-  const int64_t T = batch.input_ids.size(1);
-  // The prompt is prefilled once, into the request's first row; its other samples copy that prefix.
-  std::vector<int64_t> cache_rows(ids.size()), last_token_index(ids.size());
+  // Per request: the hidden states of prompt rows [offset, P) (offset = its cached prefix) and its last row.
+  std::vector<at::Tensor> prompt_hidden(ids.size()), last_hidden(ids.size());
+  std::vector<int64_t> slots(ids.size()), fresh;  // fresh: requests prefilled from position 0, packed together
   for (size_t i = 0; i < ids.size(); ++i) {
-    cache_rows[batch.packed_row[i]] = requests_.at(ids[i]).rows.front();
-    last_token_index[i] = batch.packed_row[i] * T + prompts[i].numel() - 1;
+    const Request& req = requests_.at(ids[i]);
+    slots[i] = req.slot;
+    if (req.cached_prefix > 0) {
+      prompt_hidden[i] = extend_prefill(req);  // [P - prefix, hidden]
+    } else {
+      fresh.push_back(static_cast<int64_t>(i));
+    }
   }
-  models::KvCacheView view;
-  view.keys = &cache_.keys();
-  view.values = &cache_.values();
-  view.rows = device_tensor(cache_rows, device);
-  // hidden: [B * T, hidden]
-  at::Tensor hidden = model_.hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments, &view);
-  at::Tensor last_hidden = hidden.index_select(0, device_tensor(last_token_index, device));  // [n, hidden]
+  if (!fresh.empty()) {
+    std::vector<at::Tensor> prompts;
+    std::vector<int64_t> fresh_slots;
+    for (int64_t i : fresh) {
+      prompts.push_back(requests_.at(ids[i]).request.prompt);
+      fresh_slots.push_back(slots[i]);
+    }
+    batching::PackedBatch batch =
+        batching::pack_sequences(prompts, prompts, fresh_slots, model_.config().vocab_size, device);
+    const int64_t T = batch.input_ids.size(1);
+    // The prompt is prefilled once, into the request's first row; its other samples copy that prefix.
+    std::vector<int64_t> cache_rows(fresh.size());
+    for (size_t j = 0; j < fresh.size(); ++j) cache_rows[batch.packed_row[j]] = requests_.at(ids[fresh[j]]).rows.front();
+    models::KvCacheView view;
+    view.keys = &cache_.keys();
+    view.values = &cache_.values();
+    view.rows = device_tensor(cache_rows, device);
+    // hidden: [B * T, hidden]
+    at::Tensor hidden = model_.hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments, &view);
+    for (size_t j = 0; j < fresh.size(); ++j) {
+      prompt_hidden[fresh[j]] = hidden.narrow(0, batch.packed_row[j] * T, prompts[j].numel());  // [P, hidden]
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) last_hidden[i] = prompt_hidden[i].narrow(0, prompt_hidden[i].size(0) - 1, 1);
   // logits: [n, vocab], requests in submission order (slots unsorted, so from_rows)
-  at::Tensor logits = model_.lm_head().forward(last_hidden, lora::AdapterSegments::from_rows(slots, 1)).to(at::kFloat);
+  at::Tensor logits =
+      model_.lm_head().forward(at::cat(last_hidden), lora::AdapterSegments::from_rows(slots, 1)).to(at::kFloat);
 
   std::vector<int64_t> new_rows, logits_row;
   for (size_t i = 0; i < ids.size(); ++i) {
     Request& req = requests_.at(ids[i]);
-    const int64_t prompt_len = prompts[i].numel();
-    if (req.request.prompt_logprobs || req.request.topk_prompt_logprobs > 0) {
-      prompt_logprobs(req, hidden.narrow(0, batch.packed_row[i] * T, prompt_len));
+    const int64_t prompt_len = req.request.prompt.numel();
+    req.result.prompt_cache_hit_tokens = req.cached_prefix;
+    if (wants_prompt_scores(req.request)) {
+      // Only alternative draws use randomness: other prompt scores leave the seed streams as they were.
+      at::Generator rng = req.request.prompt_alt_tokens_k > 0 ? prompt_rng(req.request) : at::Generator();
+      score_prompt(model_, req.request, req.slot, prompt_hidden[i], req.cached_prefix, config_.logprobs_chunk_tokens,
+                   rng, req.result);
     }
     cache_.copy_prefix(req.rows.front(), std::vector<int64_t>(req.rows.begin() + 1, req.rows.end()), prompt_len);
     for (int64_t s = 0; s < req.request.num_samples; ++s) {
@@ -176,44 +233,22 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
   choose(new_rows, logits.index_select(0, device_tensor(logits_row, device)));
 }
 
-void Generator::prompt_logprobs(Request& req, const at::Tensor& hidden) {
-  const int64_t prompt_len = hidden.size(0), k = req.request.topk_prompt_logprobs;
-  const int64_t scored = prompt_len - 1;  // position t scores prompt token t + 1; entry 0 has no prefix
-  const at::Device device = hidden.device();
-  at::Tensor logprobs = at::full({prompt_len}, NAN, at::kFloat);
-  at::Tensor top_ids = at::full({prompt_len, k}, -1, at::kLong);
-  at::Tensor top_logprobs = at::full({prompt_len, k}, NAN, at::kFloat);
-  if (scored > 0) {
-    const at::Tensor targets = req.request.prompt.narrow(0, 1, scored).to(device);  // [P - 1]
-    // Chunked like training's target logprobs: only [chunk, vocab] logits (and their log-softmax) are alive
-    // at once, not [P - 1, vocab] (~1.2 GB in float32 for a 2,048-token prompt over a 152k vocabulary).
-    // Rows are independent, so each chunk's values are those of the whole-prompt log-softmax.
-    const int64_t chunk = config_.logprobs_chunk_tokens;
-    std::vector<at::Tensor> target_pieces, value_pieces, index_pieces;
-    for (int64_t begin = 0; begin < scored; begin += chunk) {
-      const int64_t length = std::min(chunk, scored - begin);
-      at::Tensor logits = model_.lm_head().forward(hidden.narrow(0, begin, length),
-                                                   lora::AdapterSegments::uniform(req.slot, length));
-      at::Tensor log_probs = at::log_softmax(logits.to(at::kFloat), -1);  // [length, vocab]
-      target_pieces.push_back(log_probs.gather(1, targets.narrow(0, begin, length).unsqueeze(1)).squeeze(1));
-      if (k > 0) {
-        auto [values, indices] = log_probs.topk(k, -1, /*largest=*/true, /*sorted=*/true);  // [length, k]
-        value_pieces.push_back(values);
-        index_pieces.push_back(indices);
-      }
-    }
-    // One copy to the host per result, not one per chunk.
-    logprobs.narrow(0, 1, scored).copy_(at::cat(target_pieces).cpu());
-    if (k > 0) {
-      top_ids.narrow(0, 1, scored).copy_(at::cat(index_pieces).cpu());
-      top_logprobs.narrow(0, 1, scored).copy_(at::cat(value_pieces).cpu());
-    }
-  }
-  req.result.prompt_logprobs = logprobs;
-  if (k > 0) {
-    req.result.topk_prompt_token_ids = top_ids;
-    req.result.topk_prompt_logprobs = top_logprobs;
-  }
+at::Tensor Generator::extend_prefill(const Request& req) {
+  const at::Device device = model_.options().device;
+  const int64_t start = req.cached_prefix, length = req.request.prompt.numel() - start;
+  at::Tensor ids = req.request.prompt.narrow(0, start, length).to(device).view({1, length});  // [1, T]
+  at::Tensor positions = at::arange(start, start + length, ids.options()).view({1, length});  // [1, T]
+  models::KvCacheView view;
+  view.keys = &cache_.keys();
+  view.values = &cache_.values();
+  view.extend = true;
+  view.extend_row = req.rows.front();
+  view.extend_start = start;
+  // Query i (position start + i) sees keys j <= start + i: the cached prefix and the new tokens up to itself.
+  at::Tensor keys = at::arange(start + length, ids.options()).view({1, start + length});                 // [1, L]
+  view.attend_mask = (keys <= positions.view({length, 1})).view({1, 1, length, start + length});           // bool
+  return model_.hidden_states(ids, positions, models::AttentionMask{}, lora::AdapterSegments::uniform(req.slot, length),
+                              &view);  // [T, hidden]
 }
 
 void Generator::decode() {
@@ -222,8 +257,8 @@ void Generator::decode() {
   for (size_t row = 0; row < rows_.size(); ++row) {
     if (rows_[row]) batch = static_cast<int64_t>(row) + 1;
   }
-  // Decode cache rows [0, batch): free rows in between ride along with token 0 and are discarded.
-  std::vector<int64_t> tokens(batch, 0), positions(batch, 0), slots(batch, 0), active, active_slots;
+  // Free or prefix-cached rows in between ride along at the last position, which no cached prefix holds.
+  std::vector<int64_t> tokens(batch, 0), positions(batch, config_.max_length - 1), slots(batch, 0), active, active_slots;
   int64_t attend_len = 1;
   for (int64_t row = 0; row < batch; ++row) {
     if (!rows_[row]) continue;
@@ -285,13 +320,29 @@ void Generator::choose(const std::vector<int64_t>& rows, const at::Tensor& logit
   params.all_untruncated = std::all_of(top_k.begin(), top_k.end(), [](int64_t k) { return k <= 0; }) &&
                            std::all_of(top_p.begin(), top_p.end(), [](float p) { return p >= 1.0f; });
   SampledTokens sampled = sample_tokens(logits, params);
-  // The step's one device→host copy: stopping decisions need the tokens.
+  // The step's device→host copies: stopping decisions need the tokens.
   at::Tensor tokens = sampled.tokens.cpu(), logprobs = sampled.logprobs.cpu();
+  int64_t top_k_max = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    top_k_max = std::max(top_k_max, requests_.at(rows_[rows[i]]->request_id).request.topk_sample_logprobs);
+  }
+  at::Tensor top_ids, top_logprobs;  // [n, top_k_max] when some row asks for its top k
+  if (top_k_max > 0) {
+    auto [values, indices] = at::log_softmax(logits.to(at::kFloat), -1).topk(top_k_max, -1, true, true);
+    top_ids = indices.cpu().contiguous();
+    top_logprobs = values.cpu().contiguous();
+  }
   for (int64_t i = 0; i < n; ++i) {
     Sequence& seq = *rows_[rows[i]];
     const int64_t token = tokens[i].item<int64_t>();
     seq.out.tokens.push_back(token);
     seq.out.logprobs.push_back(logprobs[i].item<float>());
+    if (const int64_t k = requests_.at(seq.request_id).request.topk_sample_logprobs; k > 0) {
+      const int64_t* ids = top_ids.data_ptr<int64_t>() + i * top_k_max;
+      const float* values = top_logprobs.data_ptr<float>() + i * top_k_max;
+      seq.out.topk_token_ids.insert(seq.out.topk_token_ids.end(), ids, ids + k);
+      seq.out.topk_logprobs.insert(seq.out.topk_logprobs.end(), values, values + k);
+    }
     const int64_t max_tokens = requests_.at(seq.request_id).request.params.max_tokens;
     if (seq.stop->accept(token)) {
       finish(rows[i], "stop");
@@ -319,9 +370,18 @@ void Generator::finish(int64_t row, const char* reason) {
   seq.out.stop_reason = reason;
   const int64_t id = seq.request_id;
   Request& req = requests_.at(id);
+  std::vector<int64_t> released{row};
+  if (!req.cache_key.empty()) {  // keep the row: its K/V hold the prompt and every token fed back so far
+    const int64_t* prompt = req.request.prompt.data_ptr<int64_t>();
+    const int64_t prompt_len = req.request.prompt.numel();
+    std::vector<int64_t> held(prompt, prompt + prompt_len);
+    const int64_t fed = std::min<int64_t>(seq.cached - prompt_len, static_cast<int64_t>(seq.out.tokens.size()));
+    held.insert(held.end(), seq.out.tokens.begin(), seq.out.tokens.begin() + fed);
+    released = prefix_cache_.insert(req.cache_key, std::move(held), row);
+  }
   req.result.sequences[seq.sample_index] = std::move(seq.out);
   rows_[row].reset();
-  cache_.release_row(row);
+  for (int64_t r : released) cache_.release_row(r);
   --running_;
   if (--req.unfinished == 0) {
     finished_.emplace_back(id, std::move(req.result));

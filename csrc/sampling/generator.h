@@ -14,6 +14,7 @@
 
 #include "models/causal_lm.h"
 #include "sampling/kv_cache.h"
+#include "sampling/prefix_cache.h"
 #include "sampling/sampling_params.h"
 #include "sampling/static_decoder.h"
 #include "sampling/stop_matcher.h"
@@ -26,6 +27,8 @@ struct GeneratorConfig {
   int64_t prefill_token_budget = 8192;  // prompt tokens prefilled per step
   uint64_t seed = 0;                    // draws seeds for requests that bring none
   int64_t logprobs_chunk_tokens = 1024;  // prompt positions whose [chunk, vocab] logits exist at once
+  int64_t max_logprobs_k = 20;           // largest k of top-k logprobs and alternative draws a request may ask
+  bool prefix_caching = true;            // keep finished rows' K/V for later prompts that start the same way
   DecodeMode decode_mode = DecodeMode::kEager;
 };
 
@@ -39,7 +42,11 @@ class Generator {
   /// max_length, too many samples). Normalises the prompt to int64.
   void validate(SampleRequest& request) const;
   /// Validates and queues a request whose weights live in adapter `slot` (0 = base). Returns its id.
-  int64_t submit(SampleRequest request, int64_t slot);
+  /// `prefix_cache_key` names immutable weights (the base model, a snapshot) whose prompt prefixes may be reused;
+  /// empty: weights that can change (a live adapter), never cached.
+  int64_t submit(SampleRequest request, int64_t slot, std::string prefix_cache_key = "");
+  /// Forgets the cached prefixes computed under `prefix_cache_key` (its weights are gone; the id may come back).
+  void drop_prefix_cache(const std::string& prefix_cache_key);
   /// One iteration: prefill queued requests that fit (FIFO), then one decode step of every running
   /// sequence. Returns the requests that finished, by id.
   std::vector<std::pair<int64_t, SampleResult>> step();
@@ -57,6 +64,8 @@ class Generator {
     SampleResult result;
     int64_t unfinished = 0;
     std::vector<int64_t> rows;
+    std::string cache_key;       // PrefixCache key ("" = not cached)
+    int64_t cached_prefix = 0;   // prompt tokens whose K/V were copied into rows.front() from the prefix cache
   };
   struct Sequence {
     int64_t request_id = 0, sample_index = 0, slot = 0;
@@ -69,7 +78,10 @@ class Generator {
 
   std::vector<int64_t> admit();
   void prefill(const std::vector<int64_t>& request_ids);
-  void prompt_logprobs(Request& req, const at::Tensor& hidden);
+  /// Claims `count` free rows for a request, evicting cached prefixes (least recently used, never `keep_row`).
+  bool claim_rows(int64_t count, int64_t keep_row, std::vector<int64_t>& rows);
+  /// Prefills prompt tokens [req.cached_prefix, P) into req.rows.front() after the copied prefix → [P - prefix, hidden].
+  at::Tensor extend_prefill(const Request& req);
   void decode();
   /// One eager decode step of cache rows [0, tokens.size()) → logits [active rows, vocab].
   at::Tensor eager_decode_logits(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
@@ -79,12 +91,14 @@ class Generator {
   void choose(const std::vector<int64_t>& rows, const at::Tensor& logits);
   void finish(int64_t row, const char* reason);
   at::Generator sequence_rng(const SampleRequest& request, int64_t sample_index);
+  at::Generator prompt_rng(const SampleRequest& request);
 
   const models::CausalLM& model_;
   GeneratorConfig config_;
   std::vector<int64_t> eos_tokens_;
   std::shared_ptr<const TokenBytes> token_bytes_;
   KvCache cache_;
+  PrefixCache prefix_cache_;
   std::unique_ptr<StaticDecoder> static_decoder_;  // null in eager mode
   at::Generator seed_source_;
   int64_t next_id_ = 1;

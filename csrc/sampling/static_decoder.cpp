@@ -110,10 +110,12 @@ at::Tensor StaticDecoder::step(const std::vector<int64_t>& tokens, const std::ve
   const int64_t rows = row_bucket(batch, max_rows_);
   const int64_t keys = std::min(round_up(attend_len, kKeyBucket), max_length_);
   Shape& shape = shape_for(rows, keys);
-  // Padding rows decode token 0 at position 0 of their (free) cache rows, with no adapter: a free row's
-  // position 0 is rewritten by the prefill that next takes it.
+  // Padding rows decode token 0 at the last position of their cache rows, with no adapter: a row the prefix cache
+  // keeps (sampling/prefix_cache.h) never holds that position (a sequence's last token is never written), and a
+  // free row's is rewritten before it is read.
   at::Tensor host = shape.host_inputs;
   host.zero_();
+  host.select(0, 1).fill_(max_length_ - 1);
   auto fill = [&](int64_t which, const std::vector<int64_t>& values) {
     std::copy(values.begin(), values.end(), host.select(0, which).data_ptr<int64_t>());
   };

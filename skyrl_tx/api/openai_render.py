@@ -25,6 +25,7 @@ class Choice:
     text: str
     finish_reason: str
     generated: int  # every token the engine generated for it (usage counts them all, the stop token included)
+    top: list[list[tuple[int, float]]] | None = None  # per kept token, its most likely alternatives (top_logprobs)
 
 
 def choices(text: ModelText, spec: SamplingSpec, results: list[dict[str, Any]]) -> list[Choice]:
@@ -34,8 +35,10 @@ def choices(text: ModelText, spec: SamplingSpec, results: list[dict[str, Any]]) 
         for j, seq in enumerate(result["sequences"]):
             kept, body, reason = cut_completion(text, list(seq["tokens"]), seq["stop_reason"], spec.stop_strings,
                                                 spec.stop_ids)
+            top = seq.get("topk_logprobs")
+            alternatives = None if top is None else [[tuple(pair) for pair in t] for t in top[: len(kept)]]
             out.append(Choice(i * spec.n + j, kept, list(seq["logprobs"] or [])[: len(kept)], body, reason,
-                              len(seq["tokens"])))
+                              len(seq["tokens"]), alternatives))
     return out
 
 
@@ -50,7 +53,8 @@ def new_id(prefix: str) -> str:
 
 # ---- completions ---------------------------------------------------------------------------------
 def completion_logprobs(text: ModelText, c: Choice, start: int = 0, end: int | None = None) -> dict[str, Any]:
-    """The legacy completions shape for tokens[start:end]: chosen tokens only (top_logprobs None)."""
+    """The legacy completions shape for tokens[start:end]; top_logprobs (token text -> logprob per position) when
+    `logprobs` > 0 asked for alternatives, else None."""
     tokens = c.tokens[start:end]
     pieces = [text.token_text(t) for t in tokens]
     offsets, at = [], 0
@@ -59,7 +63,9 @@ def completion_logprobs(text: ModelText, c: Choice, start: int = 0, end: int | N
     for piece in pieces:
         offsets.append(at)
         at += len(piece)
-    return {"tokens": pieces, "token_logprobs": c.logprobs[start:end], "top_logprobs": None, "text_offset": offsets}
+    top = None if c.top is None else [{text.token_text(t): lp for t, lp in alternatives}
+                                      for alternatives in c.top[start:end]]
+    return {"tokens": pieces, "token_logprobs": c.logprobs[start:end], "top_logprobs": top, "text_offset": offsets}
 
 
 def completion(text: ModelText, spec: SamplingSpec, model: str, picked: list[Choice],
@@ -88,8 +94,11 @@ def completion_chunks(text: ModelText, spec: SamplingSpec, model: str, picked: l
 
 # ---- chat completions ----------------------------------------------------------------------------
 def chat_logprobs(text: ModelText, c: Choice, start: int = 0, end: int | None = None) -> dict[str, Any]:
-    return {"content": [{"token": text.token_text(t), "logprob": lp, "bytes": text.token_bytes(t), "top_logprobs": []}
-                        for t, lp in zip(c.tokens[start:end], c.logprobs[start:end])], "refusal": None}
+    tops = c.top[start:end] if c.top is not None else [[] for _ in c.tokens[start:end]]
+    return {"content": [{"token": text.token_text(t), "logprob": lp, "bytes": text.token_bytes(t),
+                         "top_logprobs": [{"token": text.token_text(a), "logprob": alp, "bytes": text.token_bytes(a)}
+                                          for a, alp in top]}
+                        for t, lp, top in zip(c.tokens[start:end], c.logprobs[start:end], tops)], "refusal": None}
 
 
 def chat_completion(text: ModelText, spec: SamplingSpec, model: str, picked: list[Choice],

@@ -108,6 +108,7 @@ async def stream_sample(request: Request, who: Principal, spec: SamplingSpec, we
     jobs = [(f"oai-{uuid.uuid4().hex}", {"weights_id": weights_id, "prompt_tokens": prompt, "num_samples": spec.n,
                                           "sampling_params": {**spec.params, "max_tokens": limit},
                                           "prompt_logprobs": False, "topk_prompt_logprobs": 0,
+                                          **({"topk_sample_logprobs": spec.top_logprobs} if spec.top_logprobs else {}),
                                           **({"stream": True} if stream else {})})
             for prompt, limit in zip(prompts, max_tokens)]
     registered = [(future_id, waiters.register(future_id)) for future_id, _ in jobs]  # before the engine can finish

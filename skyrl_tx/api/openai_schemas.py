@@ -75,6 +75,7 @@ class SamplingSpec:
     stream: bool = False
     include_usage: bool = False
     max_tokens_name: str = "max_tokens"  # the field the limit came from (chat: max_completion_tokens too)
+    top_logprobs: int = 0  # alternatives per generated token (the engine's topk_sample_logprobs)
 
 
 def parse(kind: type[BaseModel], raw: Any) -> Any:
@@ -151,20 +152,20 @@ def sampling_spec(body: _Common, max_tokens: int | None, max_tokens_name: str, l
                         max_tokens_name)
 
 
+# OpenAI's own bounds: chat's top_logprobs at most 20, legacy completions' logprobs at most 5.
+MAX_CHAT_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
+
+
 def completion_spec(body: CompletionBody) -> SamplingSpec:
-    if body.logprobs is not None and body.logprobs > 0:
-        raise invalid("logprobs > 0 asks for the top alternatives of each token, which this server's sampler "
-                      "does not produce; logprobs: 0 returns the chosen tokens' logprobs", "logprobs")
-    if body.logprobs is not None and body.logprobs < 0:
-        raise invalid(f"logprobs must be 0 (got {body.logprobs})", "logprobs")
-    return sampling_spec(body, 16 if body.max_tokens is None else body.max_tokens, "max_tokens",
+    _int(body.logprobs, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    spec = sampling_spec(body, 16 if body.max_tokens is None else body.max_tokens, "max_tokens",
                          body.logprobs is not None)
+    spec.top_logprobs = body.logprobs or 0
+    return spec
 
 
 def chat_spec(body: ChatBody) -> SamplingSpec:
-    if body.top_logprobs:
-        raise invalid("top_logprobs > 0 asks for the top alternatives of each token, which this server's sampler "
-                      "does not produce; logprobs: true returns the chosen tokens' logprobs", "top_logprobs")
+    _int(body.top_logprobs, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None \
@@ -172,7 +173,9 @@ def chat_spec(body: ChatBody) -> SamplingSpec:
         raise invalid("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return sampling_spec(body, limit, name, bool(body.logprobs))
+    spec = sampling_spec(body, limit, name, bool(body.logprobs))
+    spec.top_logprobs = body.top_logprobs or 0
+    return spec
 
 
 def chat_messages(body: ChatBody) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -294,18 +295,51 @@ def _native_sample_request(request: SampleRequest):
     native.weights_id, native.prompt = request.weights_id, _as_token_tensor(request.prompt_tokens)
     native.num_samples, native.params = request.num_samples, params
     native.prompt_logprobs, native.topk_prompt_logprobs = request.prompt_logprobs, request.topk_prompt_logprobs
+    native.prompt_logprobs_last_n = request.prompt_logprobs_last_n
+    native.prompt_alt_tokens_k = request.prompt_alt_tokens_k
+    native.topk_sample_logprobs = request.topk_sample_logprobs
+    if request.target_prompt_token_ids is not None:
+        native.target_prompt_token_ids = _target_ids_tensor(request.target_prompt_token_ids)
     return native
+
+
+def _target_ids_tensor(rows: list[list[int]]) -> torch.Tensor:
+    """[len(prompt) - 1, K] int64; ragged rows are the caller's error, named like the engine's other checks."""
+    widths = {len(r) for r in rows}
+    if len(widths) > 1:
+        raise InvalidArgumentError(f"sample: target_prompt_logprobs rows must all have K entries (got lengths "
+                                   f"{sorted(widths)})")
+    return torch.tensor(rows, dtype=torch.int64).view(len(rows), widths.pop() if widths else 0)
+
+
+def _topk_rows(ids: torch.Tensor, logprobs: torch.Tensor) -> list[list[tuple[int, float]] | None]:
+    """[n, k] ids (-1 where a position was not scored) and logprobs -> per position (id, logprob) pairs or None."""
+    return [None if row_ids[0] < 0 else list(zip(row_ids, row_lps))
+            for row_ids, row_lps in zip(ids.tolist(), logprobs.tolist())]
+
+
+def _sampled_sequence(native) -> SampledSequence:
+    topk = None
+    if native.topk_token_ids:
+        ids, lps = native.topk_token_ids, native.topk_logprobs
+        k = len(ids) // max(len(native.tokens), 1)
+        topk = [list(zip(ids[i * k:(i + 1) * k], lps[i * k:(i + 1) * k])) for i in range(len(native.tokens))]
+    return SampledSequence(list(native.tokens), list(native.logprobs), native.stop_reason, topk)
 
 
 def _sample_result(native) -> SampleResult:
     prompt_logprobs = None
-    if native.prompt_logprobs is not None and native.prompt_logprobs.numel() > 0:
-        values = native.prompt_logprobs.tolist()
-        prompt_logprobs = [None] + values[1:]
+    if native.prompt_logprobs is not None and native.prompt_logprobs.numel() > 0:  # NaN: not scored
+        prompt_logprobs = [None if math.isnan(v) else v for v in native.prompt_logprobs.tolist()]
     topk = None
     if native.topk_prompt_token_ids is not None and native.topk_prompt_token_ids.numel() > 0:
-        ids, lps = native.topk_prompt_token_ids.tolist(), native.topk_prompt_logprobs.tolist()
-        topk = [None] + [list(zip(i, lp)) for i, lp in zip(ids[1:], lps[1:])]
-    return SampleResult(
-        sequences=[SampledSequence(list(s.tokens), list(s.logprobs), s.stop_reason) for s in native.sequences],
-        prompt_logprobs=prompt_logprobs, topk_prompt_logprobs=topk)
+        topk = _topk_rows(native.topk_prompt_token_ids, native.topk_prompt_logprobs)
+    targets = None
+    if native.target_prompt_logprobs is not None and native.target_prompt_logprobs.dim() == 2:
+        targets = native.target_prompt_logprobs.tolist()
+    alternatives = None
+    if native.prompt_alt_token_ids is not None and native.prompt_alt_token_ids.dim() == 2:
+        alternatives = (native.prompt_alt_token_ids.tolist(), native.prompt_alt_logprobs.tolist())
+    return SampleResult(sequences=[_sampled_sequence(s) for s in native.sequences], prompt_logprobs=prompt_logprobs,
+                        topk_prompt_logprobs=topk, target_prompt_logprobs=targets, prompt_alt_tokens=alternatives,
+                        prompt_cache_hit_tokens=int(native.prompt_cache_hit_tokens))

@@ -90,14 +90,41 @@ def sample_request(request: dict[str, Any]) -> SampleRequest:
     params = SamplingParams(max_tokens=16 if max_tokens is None else int(max_tokens), temperature=float(p.get("temperature", 1.0)),
                             top_k=int(p.get("top_k", -1)), top_p=float(p.get("top_p", 1.0)), seed=p.get("seed"),
                             stop=p.get("stop"))
+    targets = request.get("target_prompt_logprobs")
     return SampleRequest(request["prompt_tokens"], params, num_samples=int(request.get("num_samples", 1)),
                          weights_id=request.get("weights_id", ""),
                          prompt_logprobs=bool(request.get("prompt_logprobs", False)),
-                         topk_prompt_logprobs=int(request.get("topk_prompt_logprobs", 0)))
+                         topk_prompt_logprobs=int(request.get("topk_prompt_logprobs", 0)),
+                         prompt_logprobs_last_n=int(request.get("prompt_logprobs_last_n") or 0),
+                         target_prompt_token_ids=None if targets is None else targets["ids"],
+                         prompt_alt_tokens_k=int(request.get("prompt_alt_tokens_k", 0)),
+                         topk_sample_logprobs=int(request.get("topk_sample_logprobs", 0)))
 
 
-def sample_result(result: SampleResult) -> dict[str, Any]:
-    return {"sequences": [{"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason}
-                          for s in result.sequences],
-            "prompt_logprobs": result.prompt_logprobs,
-            "topk_prompt_logprobs": result.topk_prompt_logprobs}
+def sample_result(result: SampleResult, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored (JSON) form of a sample result. Array fields use TensorData's JSON shape (data, dtype, shape);
+    target logprobs keep the layout the request used (a sparse CSR request gets its listed cells back)."""
+    out: dict[str, Any] = {
+        "sequences": [{"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason,
+                       **({"topk_logprobs": s.topk_logprobs} if s.topk_logprobs is not None else {})}
+                      for s in result.sequences],
+        "prompt_logprobs": result.prompt_logprobs,
+        "topk_prompt_logprobs": result.topk_prompt_logprobs,
+        "prompt_cache_hit_tokens": result.prompt_cache_hit_tokens}
+    if result.target_prompt_logprobs is not None:
+        layout = ((request or {}).get("target_prompt_logprobs") or {}).get("sparse")
+        out["target_prompt_logprobs"] = _tensor_json(result.target_prompt_logprobs, "float32", layout)
+    if result.prompt_alt_tokens is not None:
+        ids, logprobs = result.prompt_alt_tokens
+        out["prompt_alt_tokens"] = {"tokens": _tensor_json(ids, "int64"), "logprobs": _tensor_json(logprobs, "float32")}
+    return out
+
+
+def _tensor_json(rows: list[list[Any]], dtype: str, sparse: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """A 2-D list as TensorData JSON; with `sparse` (crow/col indices), only the listed cells, CSR order."""
+    shape = [len(rows), len(rows[0]) if rows else 0]
+    if sparse is None:
+        return {"data": [v for row in rows for v in row], "dtype": dtype, "shape": shape}
+    crow, col = sparse["crow_indices"], sparse["col_indices"]
+    data = [rows[r][col[i]] for r in range(len(rows)) for i in range(crow[r], crow[r + 1])]
+    return {"data": data, "dtype": dtype, "shape": shape, "sparse_crow_indices": crow, "sparse_col_indices": col}

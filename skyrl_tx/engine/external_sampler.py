@@ -135,7 +135,13 @@ def _vllm_message(response: httpx.Response) -> str:
 
 
 def completion_body(request: SampleRequest, model: str) -> dict[str, Any]:
-    """The /v1/completions body for a Tinker sample request. Every Tinker field maps; none is dropped."""
+    """The /v1/completions body for a Tinker sample request. Every Tinker field maps or is refused; none is dropped."""
+    refused = [name for name, asked in (("topk_sample_logprobs", request.topk_sample_logprobs),
+                                        ("target_prompt_logprobs", request.target_prompt_token_ids is not None),
+                                        ("prompt_alt_tokens_k", request.prompt_alt_tokens_k)) if asked]
+    if refused:
+        raise InvalidArgumentError(f"sample: {', '.join(refused)} not available with the external inference engine "
+                                   "(--external-inference-url); leave it unset, or sample without that engine")
     p = request.sampling_params
     prompt = [int(t) for t in (request.prompt_tokens.tolist() if isinstance(request.prompt_tokens, torch.Tensor)
                                  else request.prompt_tokens)]
@@ -187,6 +193,9 @@ def sample_result(response: dict[str, Any], request: SampleRequest) -> SampleRes
     if request.prompt_logprobs or request.topk_prompt_logprobs:
         prompt = [int(t) for t in (choices[0].get("prompt_token_ids") or list(request.prompt_tokens))]
         entries = choices[0].get("prompt_logprobs") or [None] * len(prompt)
+        # prompt_logprobs_last_n: vLLM scores the whole prompt; positions before the last N are None, as asked
+        unscored = len(prompt) - request.prompt_logprobs_last_n if request.prompt_logprobs_last_n else 0
+        entries = [None if i < unscored else e for i, e in enumerate(entries)]
         if request.prompt_logprobs:
             prompt_logprobs = [_chosen_logprob(e, t) for e, t in zip(entries, prompt)]
         if request.topk_prompt_logprobs:

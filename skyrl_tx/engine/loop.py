@@ -426,7 +426,7 @@ class EngineLoop:
             if f is not None and getattr(result, "error", None) is not None:  # external sampler's failed request
                 done.append((f, None, _error(result.error)))
             elif f is not None:
-                done.append((f, executor.sample_result(result), None))
+                done.append((f, executor.sample_result(result, f.request), None))
         if done:  # every sample that finished in this step: one transaction, one notification
             self._finish_many(done)
         if self._streams:

@@ -222,13 +222,34 @@ def _topk(rows: Sequence[Sequence[tuple[int, float]] | None], out: pb.TopkLogpro
     out.k, out.length = k, len(rows)
 
 
+_TENSOR_DTYPES = {"float32": (pb.DTYPE_FLOAT32, _F32), "int64": (pb.DTYPE_INT64, _I64)}
+
+
+def _tensor(value: dict[str, Any], out: pb.Tensor, what: str) -> None:
+    """TensorData JSON (data, dtype, shape, optional CSR indices) into a Tensor message, keeping its layout."""
+    dtype, np_dtype = _TENSOR_DTYPES[value["dtype"]]
+    out.dtype = dtype
+    out.shape.extend(value["shape"])
+    if value.get("sparse_crow_indices") is not None:
+        out.sparse_csr.values = _packed(value["data"], np_dtype, what)
+        out.sparse_csr.crow_indices = _packed(value["sparse_crow_indices"], _I64, f"{what} crow_indices")
+        out.sparse_csr.col_indices = _packed(value["sparse_col_indices"], _I64, f"{what} col_indices")
+    else:
+        out.dense = _packed(value["data"], np_dtype, what)
+
+
 def encode_sample_response(
     sequences: list[dict[str, Any]],
     prompt_logprobs: list[float | None] | None = None,
     topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None,
+    *,
+    target_prompt_logprobs: dict[str, Any] | None = None,
+    prompt_alt_tokens: dict[str, dict[str, Any]] | None = None,
+    prompt_cache_hit_tokens: int = 0,
 ) -> bytes:
-    """A SampleResponse. Each sequence is {"tokens", "logprobs" (or None), "stop_reason"}."""
-    msg = pb.SampleResponse()
+    """A SampleResponse. Each sequence is {"tokens", "logprobs" (or None), "stop_reason", optional "topk_logprobs"};
+    target_prompt_logprobs and prompt_alt_tokens' tensors are TensorData JSON (engine/executor.py's sample_result)."""
+    msg = pb.SampleResponse(prompt_cache_hit_tokens=prompt_cache_hit_tokens)
     for i, seq in enumerate(sequences):
         reason = seq.get("stop_reason", "stop")
         if reason not in _STOP_REASONS:
@@ -237,8 +258,15 @@ def encode_sample_response(
                                 tokens=_packed(seq.get("tokens") or [], _I32, f"sequence {i} tokens"))
         if seq.get("logprobs") is not None:  # `optional bytes`: presence is explicit, so even b"" is written
             out.logprobs = _packed(seq["logprobs"], _F32, f"sequence {i} logprobs")
+        if seq.get("topk_logprobs") is not None:
+            _topk(seq["topk_logprobs"], out.topk_sampled_logprobs)
     if prompt_logprobs is not None:
         msg.prompt_logprobs = _packed([math.nan if v is None else v for v in prompt_logprobs], _F32, "prompt_logprobs")
     if topk_prompt_logprobs is not None:
         _topk(topk_prompt_logprobs, msg.topk_prompt_logprobs)
+    if target_prompt_logprobs is not None:
+        _tensor(target_prompt_logprobs, msg.target_prompt_logprobs, "target_prompt_logprobs")
+    if prompt_alt_tokens is not None:
+        _tensor(prompt_alt_tokens["tokens"], msg.prompt_alt_tokens.tokens, "prompt_alt_tokens.tokens")
+        _tensor(prompt_alt_tokens["logprobs"], msg.prompt_alt_tokens.logprobs, "prompt_alt_tokens.logprobs")
     return msg.SerializeToString()

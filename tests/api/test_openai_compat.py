@@ -219,6 +219,31 @@ def test_models_and_sampling_a_saved_checkpoint_by_its_tinker_path(client: opena
     assert chat.choices[0].message.content == hf_tokenizer.decode(tokens, skip_special_tokens=True)
 
 
+def test_top_logprobs_are_the_tinker_top_k_of_the_same_sample(client: openai.OpenAI, base_sampler: Any,
+                                                              hf_tokenizer: Any) -> None:
+    """chat top_logprobs and completions logprobs=k carry the engine's topk_sample_logprobs: the same alternatives
+    as Tinker's sample of the same tokens and seed, chosen token first (greedy), text and bytes per alternative."""
+    chat = client.chat.completions.create(model=BASE_MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    prompt = list(hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"])
+    params = types.SamplingParams(max_tokens=6, temperature=0.0, seed=0)
+    want = base_sampler.sample(types.ModelInput.from_ints(prompt), 1, params, topk_sample_logprobs=3).result()
+    content = chat.choices[0].logprobs.content
+    assert content and len(content) <= len(want.sequences[0].topk_logprobs)
+    for entry, alternatives in zip(content, want.sequences[0].topk_logprobs):
+        assert [a.token for a in entry.top_logprobs] == [hf_tokenizer.decode([t]) for t, _ in alternatives]
+        assert [a.logprob for a in entry.top_logprobs] == pytest.approx([lp for _, lp in alternatives], abs=1e-6)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the most likely
+    plain = client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    tops = plain.choices[0].logprobs.top_logprobs
+    assert tops is not None and all(len(t) == 2 for t in tops)
+    for position, chosen in zip(tops, plain.choices[0].logprobs.token_logprobs):
+        assert max(position.values()) == pytest.approx(chosen, abs=1e-6)
+    assert client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=2,
+                                     logprobs=0).choices[0].logprobs.top_logprobs is None
+
+
 def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, server_url: str) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
@@ -228,7 +253,8 @@ def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, se
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
     cases = [({"frequency_penalty": 0.5}, "frequency_penalty"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
-             ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"), ({"temperature": -1}, "temperature"),
+             ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+             ({"temperature": -1}, "temperature"),
              ({"n": 0}, "n"), ({"n": 17}, "n")]  # 17: above max_sampling_sequences (16)
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as refused:
@@ -236,7 +262,7 @@ def test_refusals_are_openai_shaped_and_name_the_field(client: openai.OpenAI, se
         error = refused.value.body
         assert error["param"] == param and error["type"] == "invalid_request_error" and param in error["message"]
     with pytest.raises(openai.BadRequestError) as top:
-        client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=2, logprobs=2)
+        client.completions.create(model=BASE_MODEL, prompt=PROMPT, max_tokens=2, logprobs=6)  # OpenAI's limit: 5
     assert top.value.body["param"] == "logprobs"
     raw = httpx.post(f"{server_url}/oai/api/v1/completions", json={"model": BASE_MODEL, "prompt": PROMPT,
                                                                   "echo": True}, timeout=60)

@@ -164,34 +164,3 @@ def test_topk_prompt_logprobs(base_sampler: Any) -> None:
         assert values[0] >= lps[i] - 1e-5  # the best token is at least as likely as the prompt's own
         if PROMPT[i] in [t for t, _ in row]:
             assert dict(row)[PROMPT[i]] == pytest.approx(lps[i], abs=1e-5)
-
-
-def test_prompt_logprobs_last_n_is_honoured_or_rejected(base_sampler: Any) -> None:
-    import tinker
-
-    full = base_sampler.compute_logprobs(prompt()).result()
-    try:
-        last = base_sampler.compute_logprobs(prompt(), prompt_logprobs_last_n=3).result()
-    except (tinker.BadRequestError, tinker.RequestFailedError) as exc:  # rejecting it up front is fine too
-        assert "prompt_logprobs_last_n" in str(exc)
-        return
-    assert last[:-3] == [None] * (len(PROMPT) - 3)
-    assert last[-3:] == pytest.approx(full[-3:], abs=1e-5)
-
-
-def test_target_prompt_logprobs_are_returned_or_rejected(base_sampler: Any) -> None:
-    import tinker
-    import torch
-
-    full = base_sampler.compute_logprobs(prompt()).result()
-    ids = torch.tensor([[t, -1] for t in PROMPT[1:]], dtype=torch.int64)  # [len(prompt) - 1, K]: the actual tokens
-    try:
-        res = base_sampler.sample(prompt(), 1, types.SamplingParams(max_tokens=1),
-                                  target_prompt_logprobs=types.TensorData.from_torch(ids)).result()
-    except (tinker.BadRequestError, tinker.RequestFailedError) as exc:
-        assert "target_prompt_logprobs" in str(exc)
-        return
-    assert res.target_prompt_logprobs is not None, "target_prompt_logprobs requested, none returned, no error"
-    values = res.target_prompt_logprobs.to_torch()
-    assert values.shape == ids.shape
-    assert values[:, 0].tolist() == pytest.approx(full[1:], abs=1e-4)

@@ -36,7 +36,8 @@ MAX_SEQS = 6  # max_sampling_sequences
 def preset(request: pytest.FixtureRequest, tiny_model_dir) -> tuple[Path, NativeBackend]:
     path: Path = tiny_model_dir(request.param)
     backend = NativeBackend(path, BackendSettings(max_lora_adapters=3, max_lora_rank=8, max_sampling_length=MAX_LEN,
-                                                  max_sampling_sequences=MAX_SEQS))
+                                                  max_sampling_sequences=MAX_SEQS,
+                                                  max_logprobs_k=1 << 20))  # whole distributions (top-k, k = V)
     backend.create_model(ADAPTER, lora_rank=4, alpha=8.0)
     random_lora_weights(backend, ADAPTER, seed=21, scale=0.2)
     return path, backend

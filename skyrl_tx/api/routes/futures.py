@@ -90,7 +90,10 @@ def _render(future: FutureOutcome, accept: str) -> Response:
                              "metrics": result["metrics"]})
     if future.request_type == "sample" and wants_proto:
         body = encode_sample_response(result["sequences"], result.get("prompt_logprobs"),
-                                      result.get("topk_prompt_logprobs"))
+                                      result.get("topk_prompt_logprobs"),
+                                      target_prompt_logprobs=result.get("target_prompt_logprobs"),
+                                      prompt_alt_tokens=result.get("prompt_alt_tokens"),
+                                      prompt_cache_hit_tokens=result.get("prompt_cache_hit_tokens", 0))
         return Response(body, media_type=PROTOBUF)
     return JSONResponse(result)
 

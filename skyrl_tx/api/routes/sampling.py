@@ -11,6 +11,7 @@ from sqlalchemy import Connection
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.ownership import check_inflight, owned_live_model, owned_sampler, owned_session, readable_checkpoint
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.sample_fields import sample_field_job
 from skyrl_tx.api.submit import consumes_seq_id, submit_future
 from skyrl_tx.api.validation import check_model_seq_id, check_sample_request, check_sampling_params, check_seq_id
 from skyrl_tx.api.routes.checkpoints import check_ttl
@@ -138,17 +139,13 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[st
     check_model_seq_id(body.seq_id, "asample", "seq_id")  # part of the future's id only: any signed 64-bit value
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
-    unsupported = [name for name in ("topk_sample_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n",
-                                     "target_prompt_logprobs") if getattr(body, name)]
-    if unsupported:
-        raise InvalidArgumentError(f"asample: {', '.join(unsupported)} not supported by this server yet; "
-                                   "leave them unset")
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
     check_sampling_params(params)
     prompt_tokens = [t for c in body.prompt.chunks for t in c.tokens]
     check_sample_request(prompt_tokens, body.num_samples, body.topk_prompt_logprobs)
     params["stop"] = [stop] if isinstance(stop, str) else stop
+    new_fields = sample_field_job(body, len(prompt_tokens), request.app.state.settings.backend.max_logprobs_k)
 
     def store(db: Connection) -> dict[str, Any]:
         sampler = owned_sampler(db, body.sampling_session_id, who, f"asample: sampling session "
@@ -157,7 +154,7 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[st
         job = {"weights_id": sampler.snapshot_id or "",
                "prompt_tokens": prompt_tokens, "num_samples": body.num_samples,
                "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
-               "topk_prompt_logprobs": body.topk_prompt_logprobs}
+               "topk_prompt_logprobs": body.topk_prompt_logprobs, **new_fields}
         future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
                                   request_type="sample", body=job, session_id=sampler.session_id)
         return {"request_id": future_id,
