@@ -68,8 +68,11 @@ def test_seeded_request_alone_equals_inside_a_batch(backend: NativeBackend) -> N
     ]
     batch = backend.sample(others[:2] + [SampleRequest(prompt, SEEDED, num_samples=2)] + others[2:])
     assert_same_sequences(batch[2].sequences, alone, "seeded: batched vs alone")
-    # And a third time, after the batch, on its own again: bit-identical (same batch composition).
-    assert sample_one(backend, prompt, SEEDED, num_samples=2) == alone
+    # And a third time, after the batch, on its own again: the same draws (its prompt now comes from the prefix cache,
+    # so logprobs agree to float32 rounding, not bit for bit).
+    again = backend.sample([SampleRequest(prompt, SEEDED, num_samples=2)])[0]
+    assert again.prompt_cache_hit_tokens > 0
+    assert_same_sequences(again.sequences, alone, "seeded: alone again, from the prefix cache")
 
 
 def test_seeded_request_with_adapter_is_reproducible(backend: NativeBackend) -> None:
