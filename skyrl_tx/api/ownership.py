@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import Connection, bindparam, case, func, select
 from sqlalchemy.orm import Session
 
 from skyrl_tx.api.principal import Principal
@@ -46,8 +46,14 @@ _FUTURE_OWNER = func.coalesce(MODELS.c.owner_key_id, SESSIONS.c.owner_key_id)
 
 MODEL_ACCESS = select(MODELS.c.status, MODELS.c.owner_key_id).where(MODELS.c.id == bindparam("id_"))
 # What asample needs of its sampling session (the weights, the session) and the session's owner, in one statement.
-SAMPLER_ACCESS = select(SAMPLERS.c.snapshot_id, SAMPLERS.c.session_id, SESSIONS.c.owner_key_id).join_from(
-    SAMPLERS, SESSIONS, SESSIONS.c.id == SAMPLERS.c.session_id).where(SAMPLERS.c.id == bindparam("id_"))
+# An inflight sampling session samples its model's newest inflight snapshot, read here, at submission: never older
+# than the one it was created with (the SDK's inflight contract).
+SAMPLER_ACCESS = select(
+    case((SAMPLERS.c.inflight, func.coalesce(MODELS.c.inflight_snapshot_id, SAMPLERS.c.snapshot_id)),
+         else_=SAMPLERS.c.snapshot_id).label("snapshot_id"),
+    SAMPLERS.c.session_id, SESSIONS.c.owner_key_id).select_from(
+    SAMPLERS.join(SESSIONS, SESSIONS.c.id == SAMPLERS.c.session_id).outerjoin(
+        MODELS, MODELS.c.id == SAMPLERS.c.model_id)).where(SAMPLERS.c.id == bindparam("id_"))
 # retrieve_future's first read (db/future_queries.py OUTCOME's columns) with the owner.
 OWNED_OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.result_body,
                        FUTURES.c.error, _FUTURE_OWNER.label("owner_key_id")).select_from(_FUTURE_JOIN).where(

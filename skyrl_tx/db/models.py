@@ -192,6 +192,8 @@ class ModelRecord(Base):
     status: Mapped[str] = mapped_column(String, default=ModelStatus.PENDING.value)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_request_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The snapshot its inflight sampling clients sample (SDK kind="inflight"): the newest inflight save's.
+    inflight_snapshot_id: Mapped[str | None] = mapped_column(String, nullable=True)
 
 
 class FutureRecord(Base):
@@ -252,7 +254,8 @@ class CheckpointRecord(Base):
 
 
 class SamplingSessionRecord(Base):
-    """A sampling client, bound for its whole life to one set of weights (base, checkpoint or snapshot)."""
+    """A sampling client, bound for its whole life to one set of weights (base, checkpoint or snapshot), or, inflight,
+    to the newest inflight snapshot of its training model."""
 
     __tablename__ = "sampling_sessions"
 
@@ -262,6 +265,8 @@ class SamplingSessionRecord(Base):
     model_path: Mapped[str | None] = mapped_column(String, nullable=True)  # tinker:// path it samples from
     model_id: Mapped[str | None] = mapped_column(String, nullable=True)
     snapshot_id: Mapped[str | None] = mapped_column(String, nullable=True)  # backend snapshot it is bound to
+    # An inflight client follows its model's inflight_snapshot_id (never older than its own snapshot_id).
+    inflight: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -268,8 +268,11 @@ class EngineLoop:
         self.checkpointer.snapshot(request["model_id"], snapshot_id)
         with self.sessions.begin() as db:
             model = db.get(ModelRecord, request["model_id"])
+            inflight = bool(request.get("inflight"))
             db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
-                                         model_id=model.id, snapshot_id=snapshot_id))
+                                         model_id=model.id, snapshot_id=snapshot_id, inflight=inflight))
+            if inflight:  # every inflight client of the model samples this snapshot from now on
+                model.inflight_snapshot_id = snapshot_id
             db.flush()
             snapshots.release_old_snapshots(self.backend, db, model.id, self.checkpointer)
         return {"sampling_session_id": snapshot_id}

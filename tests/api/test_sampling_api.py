@@ -149,6 +149,35 @@ def test_sampling_client_snapshot_is_frozen(service_client: Any) -> None:
     assert max(abs(a - b) for a, b in zip(newer_lps[1:], snapshot_lps[1:])) > 1e-3
 
 
+def test_inflight_clients_follow_the_newest_inflight_save(service_client: Any) -> None:
+    training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=6).result()
+    train(training_client, steps=1)
+    first = training_client.save_weights_and_get_sampling_client(kind="inflight").result()
+    frozen = training_client.save_weights_and_get_sampling_client().result()  # a snapshot of the same weights
+    w1 = first.compute_logprobs(prompt()).result()
+    assert w1[1:] == pytest.approx(forward_logprobs(training_client, PROMPT), abs=1e-4)
+    train(training_client, steps=1)  # training alone publishes nothing: the inflight target moves on a save
+    assert first.compute_logprobs(prompt()).result()[1:] == pytest.approx(w1[1:], abs=1e-6)
+    second = training_client.save_weights_and_get_sampling_client(kind="inflight").result()
+    w2 = forward_logprobs(training_client, PROMPT)
+    assert max(abs(a - b) for a, b in zip(w2, w1[1:])) > 1e-3
+    for client in (first, second):  # the client returned before the save sees it too
+        assert client.compute_logprobs(prompt()).result()[1:] == pytest.approx(w2, abs=1e-4)
+    assert frozen.compute_logprobs(prompt()).result()[1:] == pytest.approx(w1[1:], abs=1e-6)
+
+
+@pytest.mark.parametrize("fields, named", [({"kind": "mutable"}, "kind must be"),
+                                           ({"kind": "inflight", "path": "x"}, "unnamed"),
+                                           ({"kind": "inflight", "ttl_seconds": 7200}, "ttl_seconds")])
+def test_sampler_save_kinds_are_checked(service_client: Any, http: Any, fields: dict, named: str) -> None:
+    model_id = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result().model_id
+    body = {"model_id": model_id, "seq_id": 1, "sampling_session_seq_id": 0, **fields}
+    if "path" in fields:
+        del body["sampling_session_seq_id"]
+    r = http.post("/api/v1/save_weights_for_sampler", json=body)
+    assert r.status_code == 400 and named in r.json()["message"], r.text
+
+
 def test_topk_prompt_logprobs(base_sampler: Any) -> None:
     k = 3
     res = base_sampler.sample(prompt(), 1, types.SamplingParams(max_tokens=1, temperature=0.0),

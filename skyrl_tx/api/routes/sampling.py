@@ -77,6 +77,19 @@ class SampleBody(BaseModel):
     target_prompt_logprobs: dict[str, Any] | None = None
 
 
+def _check_kind(body: SaveForSamplerRequest, what: str) -> None:
+    """kind "snapshot" freezes the weights for the new client; "inflight" makes the client follow the model's newest
+    inflight save (one mutable target per training model). Inflight saves are unnamed and never expire."""
+    if body.kind not in ("snapshot", "inflight"):
+        raise InvalidArgumentError(f"{what}: kind must be 'snapshot' or 'inflight', not {body.kind!r}")
+    if body.kind == "inflight" and (body.path or body.sampling_session_seq_id is None):
+        raise InvalidArgumentError(f"{what}: kind 'inflight' saves are unnamed: send sampling_session_seq_id and no "
+                                   "path (TrainingClient.save_weights_and_get_sampling_client(kind='inflight'))")
+    if body.kind == "inflight" and body.ttl_seconds is not None:
+        raise InvalidArgumentError(f"{what}: ttl_seconds does not apply to kind 'inflight' (the target lives as "
+                                   "long as its training model); leave it out")
+
+
 @router.post("/save_weights_for_sampler")
 def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep,
                              who: CallerDep) -> dict[str, str]:
@@ -86,9 +99,11 @@ def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: 
     check_inflight(db, who)
     job: dict[str, Any] = {"model_id": body.model_id}
     with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type=what):
+        _check_kind(body, what)
         if body.sampling_session_seq_id is not None:  # ephemeral: a snapshot bound to a new sampling session
             check_model_seq_id(body.sampling_session_seq_id, what, "sampling_session_seq_id")
             job["sampling_session_id"] = f"{model.session_id}:sample:{body.sampling_session_seq_id}"
+            job["inflight"] = body.kind == "inflight"
         elif body.path:
             name = validate_name(body.path, what)
             check_ttl(body.ttl_seconds, what)
