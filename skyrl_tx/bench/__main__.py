@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_mixed(argv[1:])
         return
+    if argv and argv[0] == "prefix-cache":
+        from skyrl_tx.bench.prefix_cache import run_prefix_cache
+
+        run_prefix_cache(argv[1:])
+        return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions
 
