@@ -58,6 +58,10 @@ SAMPLER_ACCESS = select(
 OWNED_OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.result_body,
                        FUTURES.c.error, _FUTURE_OWNER.label("owner_key_id")).select_from(_FUTURE_JOIN).where(
     FUTURES.c.id == bindparam("id_"))
+# cancel_future's read: what the future is, and its owner.
+OWNED_REQUEST = select(FUTURES.c.request_type, FUTURES.c.model_id, FUTURES.c.seq_id,
+                       _FUTURE_OWNER.label("owner_key_id")).select_from(_FUTURE_JOIN).where(
+    FUTURES.c.id == bindparam("id_"))
 COUNT_INFLIGHT = select(func.count()).select_from(_FUTURE_JOIN).where(
     FUTURES.c.status.in_(INFLIGHT), _FUTURE_OWNER == bindparam("owner"))
 COUNT_LIVE_MODELS = select(func.count()).select_from(MODELS).where(

@@ -26,14 +26,16 @@ from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError
 def submit_future(request: Request, db: Session | Connection, *, future_id: str, request_type: str,
                   body: dict[str, Any], model_id: str | None = None, seq_id: int | None = None,
                   session_id: str | None = None, extra_rows: tuple[Any, ...] = (),
-                  binary_body: bytes | None = None) -> str:
+                  binary_body: bytes | None = None, completion_queue: str | None = None) -> str:
     """Same id and same body → the existing future (a retry runs once); same id, other body → 409.
     `body` is the JSON request; `binary_body` the bulk of it, stored and hashed as bytes (a forward_backward's
-    protobuf). `extra_rows` (ORM records stored in the same transaction) need a Session."""
+    protobuf). `extra_rows` (ORM records stored in the same transaction) need a Session. `completion_queue`: a
+    sample's (db/completion_queues.py), which retrieve_futures polls."""
     digest = request_hash(body, binary_body)
     row = {"id": future_id, "session_id": session_id, "model_id": model_id, "request_type": request_type,
            "seq_id": seq_id, "request": body, "request_body": binary_body, "request_hash": digest,
-           "request_id": REQUEST_ID.get()}  # not hashed: a retry carries another request id
+           "request_id": REQUEST_ID.get(),  # not hashed: a retry carries another request id
+           "completion_queue": completion_queue}  # not hashed: it follows from the id
     try:
         if extra_rows:
             assert isinstance(db, Session), "extra_rows are ORM records: submit them with a Session"

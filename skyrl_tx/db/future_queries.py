@@ -104,8 +104,18 @@ SAMPLER_WEIGHTS = select(SAMPLERS.c.snapshot_id, SAMPLERS.c.session_id).where(SA
 OUTCOME = select(FUTURES.c.status, FUTURES.c.request_type, FUTURES.c.result, FUTURES.c.result_body,
                  FUTURES.c.error).where(FUTURES.c.id == bindparam("id_"))
 # executemany: one parameter dict per claimed future (an expanding IN list would be re-rendered on every call).
-MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
+# Conditional: a request cancelled since the scan (CANCEL_PENDING) stays failed and is not claimed.
+MARK_RUNNING = update(FUTURES).where(FUTURES.c.id == bindparam("id_"),
+                                     FUTURES.c.status == FutureStatus.PENDING.value).values(
     status=FutureStatus.RUNNING.value, started_at=bindparam("now"), attempts=FUTURES.c.attempts + 1)
+# Which of the futures MARK_RUNNING was given it claimed (read in its transaction, where a row count cannot tell).
+CLAIMED = select(FUTURES.c.id).where(FUTURES.c.id.in_(bindparam("ids", expanding=True)),
+                                     FUTURES.c.status == FutureStatus.RUNNING.value)
+# cancel_future: only a request the engine has not claimed; the row count says whether it was.
+CANCEL_PENDING = update(FUTURES).where(FUTURES.c.id == bindparam("id_"),
+                                       FUTURES.c.status == FutureStatus.PENDING.value).values(
+    status=FutureStatus.FAILED.value, error=bindparam("error_"), completed_at=bindparam("now"))
+FUTURE_STATUS = select(FUTURES.c.status).where(FUTURES.c.id == bindparam("id_"))
 # executemany: one parameter dict per finished future (finish_params).
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=bindparam("status_"), result=bindparam("result_"), result_body=bindparam("result_body_"),

@@ -228,6 +228,10 @@ class FutureRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # A sample's completion queue (its sampling session and cloned sampler: db/completion_queues.py), and its place
+    # in that queue, handed out by retrieve_futures once it has finished (None: not finished or not yet polled).
+    completion_queue: Mapped[str | None] = mapped_column(String, nullable=True)
+    completion_cursor: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class CheckpointRecord(Base):
@@ -288,5 +292,8 @@ class RecoverySnapshotRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+# retrieve_futures reads a completion queue by cursor; a cursor is handed out once per queue (migration 0007).
+Index("ix_futures_completion_queue_cursor", FutureRecord.__table__.c.completion_queue,
+      FutureRecord.__table__.c.completion_cursor, unique=True)
 # The retention sweep (engine/retention.py) looks for finished futures by age.
 Index("ix_futures_status_completed_at", FutureRecord.__table__.c.status, FutureRecord.__table__.c.completed_at)

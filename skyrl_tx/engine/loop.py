@@ -204,10 +204,12 @@ class EngineLoop:
             while queue and queue[0].request_type in TRAIN_TYPES:
                 f = queue.pop(0)
                 batch[f.request_type].append(f)
+        ran = 0
         for kind, futures in batch.items():
+            futures = self._mark_running(futures) if futures else []
             if not futures:
                 continue
-            self._mark_running(futures)
+            ran += len(futures)
             run = self.backend.forward_backward if kind == "forward_backward" else self.backend.forward
             try:
                 results = run(executor.train_requests(self.database, futures))
@@ -220,14 +222,14 @@ class EngineLoop:
                         already_running=True)
                 continue
             self._finish_many([(f, executor.train_result(r), None) for f, r in zip(futures, results)])
-        return sum(len(futures) for futures in batch.values())
+        return ran
 
     def _run_barriers(self, barriers: list[FutureRow]) -> int:
         """One barrier of each model (different models: independent), bookkept together: one transaction marks
         them running, one stores their results, so 8 users' optim steps cost 2 commits, not 16."""
+        barriers = self._mark_running(barriers) if barriers else []
         if not barriers:
             return 0
-        self._mark_running(barriers)
         done = []
         for f in barriers:
             try:
@@ -305,7 +307,8 @@ class EngineLoop:
         return started
 
     def _start_save(self, f: FutureRow) -> None:
-        self._mark_running([f])
+        if not self._mark_running([f]):
+            return
         request = f.request
         try:
             pending = self.checkpointer.begin_save(request)
@@ -386,8 +389,7 @@ class EngineLoop:
     # ---- sampling ------------------------------------------------------------------------------
     def _submit_samples(self, futures: list[FutureRow]) -> None:
         """The scan's new samples join the running batch; marked running in one transaction."""
-        self._mark_running(futures)
-        for f in futures:
+        for f in self._mark_running(futures):
             self._submit_sample(f)
 
     def _submit_sample(self, f: FutureRow) -> None:
@@ -452,8 +454,8 @@ class EngineLoop:
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _run_single(self, f: FutureRow, fn: Callable[[FutureRow], dict[str, Any]],
                     already_running: bool = False) -> None:
-        if not already_running:
-            self._mark_running([f])
+        if not already_running and not self._mark_running([f]):
+            return
         try:
             result = fn(f)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
@@ -465,11 +467,22 @@ class EngineLoop:
 
     # Bookkeeping writes are prebuilt Core UPDATEs (db/future_queries.py) on plain connections: besides the
     # compute itself they are the engine's per-request cost (see `python -m skyrl_tx.bench api`).
-    def _mark_running(self, futures: list[FutureRow]) -> None:
+    def _mark_running(self, futures: list[FutureRow]) -> list[FutureRow]:
+        """Claims `futures` (pending -> running) and returns those it claimed: the claim is conditional, so a request
+        cancelled since the scan (api cancel_future, a conditional UPDATE too) stays failed and never runs. Its
+        seq_id is taken all the same: SeqOrder counts a failed request as done."""
         now = datetime.now(timezone.utc)
         with self.database.begin() as db:
-            db.execute(future_queries.MARK_RUNNING, [{"id_": f.id, "now": now} for f in futures])
+            claimed = db.execute(future_queries.MARK_RUNNING, [{"id_": f.id, "now": now} for f in futures]).rowcount
+            # One statement, or a driver that sums an executemany's counts: the count says whether all were claimed.
+            if claimed != len(futures) or not (len(futures) == 1 or db.dialect.supports_sane_multi_rowcount):
+                ids = set(db.execute(future_queries.CLAIMED, {"ids": [f.id for f in futures]}).scalars())
+                for f in futures:
+                    if f.id not in ids:
+                        log.info("request %s was cancelled before it ran: it does not run", _named(f))
+                futures = [f for f in futures if f.id in ids]
         self.stats.started(futures, now)
+        return futures
 
     def _finish(self, f: FutureRow, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         self._finish_many([(f, result, error)])

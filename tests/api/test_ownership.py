@@ -1,6 +1,7 @@
 """Per-key isolation through the real SDK: key B gets 404 for everything of key A's (train, forward, sample, poll,
-list/delete/download/TTL checkpoints, load or sample A's tinker:// paths, A's session); A's published checkpoint is
-readable by B and still writable only by A; an admin key sees everything."""
+cancel, a sampling session's completions, list/delete/download/TTL checkpoints, load or sample A's tinker:// paths,
+A's session); A's published checkpoint is readable by B and still writable only by A; an admin key sees
+everything."""
 
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ def test_another_key_gets_404_for_everything_of_alices(server_url, clients, alic
                            ("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 7,
                                                         "base_model": "tiny-qwen3"}),
                            ("load_weights", {"model_id": model_id, "seq_id": 99, "path": weights}),
+                           ("cancel_future", {"request_id": f"{model_id}:create"}),
+                           ("retrieve_futures", {"timeout": 0, "target": {
+                               "type": "sampling_session",
+                               "sampling_session_id": alice["sampler"]._sampling_session_id}}),
                            (f"sessions/{session}/finish", {})]:
             response = http.post(f"/api/v1/{path}", json=body)
             assert response.status_code == 404, (path, response.text)

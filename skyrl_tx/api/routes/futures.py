@@ -1,4 +1,5 @@
-"""retrieve_future: long-polls a future; results as protobuf where the SDK asks for it, else JSON.
+"""retrieve_future: long-polls a future; results as protobuf where the SDK asks for it, else JSON. cancel_future:
+fails a request the engine has not claimed yet.
 
 A forward / forward_backward result is stored as the SDK's ForwardBackwardOutput protobuf (engine/executor.py) and
 sent as stored; JSON is made from it only for a client that does not accept protobuf."""
@@ -6,18 +7,19 @@ sent as stored; JSON is made from it only for a client that does not accept prot
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from skyrl_tx.api.json_response import FiniteJSONResponse as JSONResponse  # results may hold NaN
 from pydantic import BaseModel, ConfigDict
 
-from skyrl_tx.api.ownership import OWNED_OUTCOME
+from skyrl_tx.api.ownership import OWNED_OUTCOME, OWNED_REQUEST
 from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import RESULT_IN_DATABASE, FutureOutcome
 from skyrl_tx.db.models import FutureStatus
-from skyrl_tx.errors import NotFoundError
+from skyrl_tx.errors import ConflictError, NotFoundError
 from skyrl_tx.wire.codec import decode_forward_backward_output, encode_forward_backward_output, encode_sample_response
 
 router = APIRouter(prefix="/api/v1")
@@ -30,6 +32,15 @@ class RetrieveFutureRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     request_id: str
     allow_metadata_only: bool = False
+
+
+class CancelFutureRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    request_id: str
+
+
+# Made by the server itself, not numbered by the client: a create's model and an unload's slot must not be left half.
+UNCANCELLABLE = ("create_model", "unload_model")
 
 
 def _load(request: Request, future_id: str, who: Principal | None = None) -> FutureOutcome | None:
@@ -131,3 +142,41 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, who: Ca
         return _render(future, request.headers.get("accept", ""))
     finally:
         waiters.unregister(body.request_id, waiter)
+
+
+def _cancel(request: Request, future_id: str, who: Principal) -> tuple[dict[str, Any], FutureOutcome | None]:
+    """The answer, and the outcome to wake the future's pollers with where it was cancelled. The status change is
+    one conditional UPDATE (pending -> failed), as is the engine's claim (pending -> running): exactly one wins."""
+    with request.app.state.database.begin() as db:
+        row = db.execute(OWNED_REQUEST, {"id_": future_id}).one_or_none()
+        if row is None or not who.sees(row.owner_key_id):  # another key's request is "not found" too
+            raise NotFoundError(f"cancel_future: request {future_id!r} not found")
+        if row.request_type in UNCANCELLABLE:
+            raise ConflictError(f"cancel_future: request {future_id!r} is a {row.request_type} request, which "
+                                "cannot be cancelled (training, save, load and sample requests can)")
+        message = f"request {future_id} was cancelled (cancel_future) before it ran; it did not run"
+        if row.model_id is not None and row.seq_id is not None:  # the engine counts it done: nothing waits for it
+            message += f"; its seq_id {row.seq_id} is used up, and the model's later requests run without it"
+        error = {"category": "user", "code": "cancelled", "message": message}
+        params = {"id_": future_id, "error_": error, "now": datetime.now(timezone.utc)}
+        if db.execute(future_queries.CANCEL_PENDING, params).rowcount == 1:
+            answer = {"request_id": future_id, "cancelled": True, "status": FutureStatus.FAILED.value,
+                      "message": message}
+            return answer, FutureOutcome(future_id, FutureStatus.FAILED.value, row.request_type, None, error)
+        status = db.execute(future_queries.FUTURE_STATUS, {"id_": future_id}).scalar_one()
+    if status == FutureStatus.RUNNING.value:
+        message = f"request {future_id} is already running: it was not cancelled and finishes as usual"
+    else:
+        message = f"request {future_id} has already finished ({status}): there is nothing to cancel"
+    return {"request_id": future_id, "cancelled": False, "status": status, "message": message}, None
+
+
+@router.post("/cancel_future")
+async def cancel_future(body: CancelFutureRequest, request: Request, who: CallerDep) -> dict[str, Any]:
+    """SDK 0.38 sends this for a sample it stopped waiting for (when the dynamic config sets sample_cancel_enabled).
+    A request still pending fails with a "cancelled" user error and never runs; one running or done is left be."""
+    answer, outcome = await asyncio.to_thread(_cancel, request, body.request_id, who)
+    if outcome is not None:
+        request.app.state.waiters.deliver([outcome])  # its retrieve_future / retrieve_futures polls answer at once
+        request.app.state.wake_engine()  # a model's later requests may have waited for this seq_id
+    return answer

@@ -17,6 +17,7 @@ from skyrl_tx.api.validation import check_model_seq_id, check_sample_request, ch
 from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.checkpoints.formats import ModelMeta
 from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
+from skyrl_tx.db.completion_queues import queue_of_sample
 from skyrl_tx.db.models import SamplingSessionRecord
 from skyrl_tx.errors import InvalidArgumentError
 
@@ -171,7 +172,8 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[st
                "sampling_params": params, "prompt_logprobs": body.prompt_logprobs,
                "topk_prompt_logprobs": body.topk_prompt_logprobs, **new_fields}
         future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
-                                  request_type="sample", body=job, session_id=sampler.session_id)
+                                  request_type="sample", body=job, session_id=sampler.session_id,
+                                  completion_queue=queue_of_sample(body.sampling_session_id, body.seq_id))
         return {"request_id": future_id,
                 "sample_sequence_ids": [f"{future_id}:{i}" for i in range(body.num_samples)]}
 

@@ -36,14 +36,17 @@ class SessionRef(BaseModel):
 
 @router.post("/client/config")
 def client_config() -> dict[str, Any]:
-    # zstd-compressed protobuf forward_backward bodies; the optional newer features stay off.
-    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": False,
+    # zstd-compressed protobuf forward_backward bodies; samples wait on one retrieve_futures poll per sampling
+    # client (routes/futures_batch.py); the other optional newer features stay off.
+    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": True,
             "custom_loss_server_side": False, "sample_join_sampling_session": False}
 
 
 @router.post("/client/dynamic_config")
 def dynamic_config() -> dict[str, Any]:
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+    # A sample the client stops waiting for is cancelled (routes/futures.py cancel_future): if still queued, it
+    # never runs.
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
 
 
 @router.post("/create_session")
