@@ -292,7 +292,7 @@ class RecoverySnapshotRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-# retrieve_futures reads a completion queue by cursor; a cursor is handed out once per queue (migration 0007).
+# retrieve_futures reads a completion queue by cursor; a cursor is handed out once per queue (migration 0008).
 Index("ix_futures_completion_queue_cursor", FutureRecord.__table__.c.completion_queue,
       FutureRecord.__table__.c.completion_cursor, unique=True)
 # The retention sweep (engine/retention.py) looks for finished futures by age.
