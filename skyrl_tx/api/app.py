@@ -145,6 +145,10 @@ def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
 
 def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> FastAPI:
     settings.validate()
+    # The model directory is one more name of the base model: the SDK's SamplingClient.get_tokenizer() loads the
+    # tokenizer from the base model's *name* (AutoTokenizer.from_pretrained), and a preset name such as tiny-qwen3 is
+    # on no hub, while a path works offline wherever the client sees the directory (README: Tokenizers).
+    settings = settings.also_serving(str(model_dir))
     database_url = settings.database_url or default_database_url()
     migrate.upgrade(database_url)  # migrations are the only way the schema is created
     engine = make_engine(database_url)
@@ -168,7 +172,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
             os.kill(os.getpid(), signal.SIGTERM)
             return
         log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
-                 ", ".join([settings.base_model, *settings.model_aliases]))
+                 ", ".join(settings.served_names()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

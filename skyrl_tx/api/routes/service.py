@@ -90,9 +90,16 @@ def telemetry() -> dict[str, str]:
 
 
 @router.get("/get_server_capabilities")
-def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
-    names = [settings.base_model, *settings.model_aliases]
-    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names],
+def server_capabilities(request: Request, settings: SettingsDep) -> dict[str, Any]:
+    """Every name of the base model (aliases and its directory are the same weights, so they answer alike)."""
+    model = {
+        # Every configuration trains (max_lora_adapters >= 1 is validated) and samples (the built-in sampler, or
+        # vLLM with --external-inference-url) its one base model.
+        "trainable": True, "sampleable": True,
+        # The context every request gets: training sequences are bounded by the model's positions, sampled ones
+        # (prompt + completion) also by max_sampling_length.
+        "max_context_length": min(request.app.state.max_positions, settings.backend.max_sampling_length)}
+    return {"supported_models": [{"model_name": name, **model} for name in settings.served_names()],
             "supported_optimizers": list(OPTIMIZER_CONFIGS.values())}  # not in the SDK's model (it ignores it)
 
 
