@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -27,6 +27,21 @@ class CreateSessionRequest(BaseModel):
     tags: list[str] = Field(default_factory=list)
     user_metadata: dict[str, Any] = Field(default_factory=dict)
     sdk_version: str | None = None
+    project_id: str | None = None
+    display_name: str | None = None
+
+
+class FinishReason(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["success", "errored", "interrupted"]
+
+
+class FinishSessionRequest(BaseModel):
+    """What ServiceClient.close(status, detail) sends (older SDKs send nothing)."""
+
+    model_config = ConfigDict(extra="ignore")
+    reason: FinishReason | None = None
+    detail: str | None = None
 
 
 class SessionRef(BaseModel):
@@ -52,7 +67,8 @@ def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> dic
     check_json_finite(body.user_metadata, "user_metadata", "create_session")
     session_id = uuid.uuid4().hex
     db.add(SessionRecord(id=session_id, tags=body.tags, user_metadata=body.user_metadata,
-                         sdk_version=body.sdk_version, owner_key_id=who.key_id))
+                         sdk_version=body.sdk_version, owner_key_id=who.key_id, project_id=body.project_id,
+                         display_name=body.display_name))
     db.commit()
     return {"session_id": session_id}
 
@@ -73,10 +89,15 @@ def session_heartbeat(body: SessionRef, db: DbDep, who: CallerDep) -> dict[str, 
 
 
 @router.post("/sessions/{session_id}/finish", status_code=204)
-def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep) -> Response:
+def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep,
+                   body: FinishSessionRequest | None = None) -> Response:
     """The session ends: its models are unloaded once their accepted requests and samples are done, so their
-    adapter slots are free for the next user at once (not at the session timeout)."""
-    _session(db, session_id, who).status = SessionStatus.EXPIRED.value
+    adapter slots are free for the next user at once (not at the session timeout). The client's finish reason is
+    kept for sessions/search; the first one given stays (the SDK's close() is first-wins)."""
+    session = _session(db, session_id, who)
+    session.status = SessionStatus.EXPIRED.value
+    if body is not None and body.reason is not None and session.finish_reason is None:
+        session.finish_reason, session.finish_detail = body.reason.type, body.detail
     unloads = request_unloads(db, session_id)
     db.commit()
     if unloads:
