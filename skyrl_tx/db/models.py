@@ -270,6 +270,8 @@ class SamplingSessionRecord(Base):
     model_id: Mapped[str | None] = mapped_column(String, nullable=True)
     snapshot_id: Mapped[str | None] = mapped_column(String, nullable=True)  # backend snapshot it is bound to
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Further clients (unpickled copies, sampler handles) numbered by join_sampling_session so far.
+    clients_joined: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class RecoverySnapshotRecord(Base):

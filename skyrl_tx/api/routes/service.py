@@ -51,9 +51,10 @@ class SessionRef(BaseModel):
 
 @router.post("/client/config")
 def client_config() -> dict[str, Any]:
-    # zstd-compressed protobuf forward_backward bodies; the optional newer features stay off.
+    # zstd-compressed protobuf forward_backward bodies; copies of a sampling client get their number from the server
+    # (routes/sampling_clients.py); the other optional newer features stay off.
     return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": False,
-            "custom_loss_server_side": False, "sample_join_sampling_session": False}
+            "custom_loss_server_side": False, "sample_join_sampling_session": True}
 
 
 @router.post("/client/dynamic_config")
