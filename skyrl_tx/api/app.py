@@ -22,7 +22,7 @@ from skyrl_tx.api.metrics import Metrics
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
 from skyrl_tx.api.routes import checkpoints, futures, sampling, sampling_clients, service, sessions, training
-from skyrl_tx.api.routes import training_runs
+from skyrl_tx.api.routes import training_runs, weight_copies
 from skyrl_tx.api.routes import openai_compat
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
@@ -204,7 +204,8 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_auth(app, settings, engine)  # the API-key check, outermost: a refused request's body is never read
     for router in (service.router, sessions.router, training.router, sampling.router, sampling_clients.router,
-                   futures.router, checkpoints.router, training_runs.router, openai_compat.router):
+                   futures.router, checkpoints.router, weight_copies.router, training_runs.router,
+                   openai_compat.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     return app
