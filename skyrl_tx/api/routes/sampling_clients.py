@@ -11,7 +11,7 @@ from sqlalchemy import update
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.ownership import SAMPLERS, owned_sampler
 from skyrl_tx.api.principal import CallerDep
-from skyrl_tx.errors import ConflictError
+from skyrl_tx.errors import InvalidArgumentError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -42,7 +42,7 @@ def join_sampling_session(body: JoinSamplingSessionRequest, db: DbDep, who: Call
                         .returning(SAMPLERS.c.clients_joined)).scalar_one()
     counter = FIRST_JOINED + joined - 1
     if counter > LAST_JOINED:
-        raise ConflictError(f"join_sampling_session: sampling session {body.sampling_session_id!r} has "
-                            "numbered all the clients it can; create a new sampling client")
+        raise InvalidArgumentError(f"join_sampling_session: sampling session {body.sampling_session_id!r} has "
+                                   "numbered all the clients it can; create a new sampling client")
     db.commit()
     return {"type": "join_sampling_session", "client_counter": counter}
