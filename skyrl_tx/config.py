@@ -148,6 +148,13 @@ class ServerSettings:
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases
 
+    def served_names(self) -> list[str]:
+        return [self.base_model, *self.model_aliases]
+
+    def also_serving(self, name: str) -> ServerSettings:
+        """These settings with `name` as one more alias (unchanged where it is served already)."""
+        return self if self.serves(name) else dataclasses.replace(self, model_aliases=(*self.model_aliases, name))
+
     def public_base_url(self) -> str:
         """Where clients reach this server: public_url, else the listen address (a wildcard address becomes
         127.0.0.1: reachable from this machine only; set public_url for others)."""

@@ -21,7 +21,8 @@ from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.metrics import Metrics
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
-from skyrl_tx.api.routes import checkpoints, futures, futures_batch, sampling, service, training, training_runs
+from skyrl_tx.api.routes import checkpoints, futures, futures_batch, sampling, sampling_clients, service, sessions
+from skyrl_tx.api.routes import training, training_runs, weight_copies
 from skyrl_tx.api.routes import openai_compat
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
@@ -145,6 +146,10 @@ def start_engine(settings: ServerSettings, engine_settings: EngineSettings,
 
 def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> FastAPI:
     settings.validate()
+    # The model directory is one more name of the base model: the SDK's SamplingClient.get_tokenizer() loads the
+    # tokenizer from the base model's *name* (AutoTokenizer.from_pretrained), and a preset name such as tiny-qwen3 is
+    # on no hub, while a path works offline wherever the client sees the directory (README: Tokenizers).
+    settings = settings.also_serving(str(model_dir))
     database_url = settings.database_url or default_database_url()
     migrate.upgrade(database_url)  # migrations are the only way the schema is created
     engine = make_engine(database_url)
@@ -168,7 +173,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
             os.kill(os.getpid(), signal.SIGTERM)
             return
         log.info("engine ready (%s%s): serving %s", settings.engine, f", pid {runner.pid}" if runner.pid else "",
-                 ", ".join([settings.base_model, *settings.model_aliases]))
+                 ", ".join(settings.served_names()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -198,8 +203,9 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_auth(app, settings, engine)  # the API-key check, outermost: a refused request's body is never read
-    for router in (service.router, training.router, sampling.router, futures.router, futures_batch.router,
-                   checkpoints.router, training_runs.router, openai_compat.router):
+    for router in (service.router, sessions.router, training.router, sampling.router, sampling_clients.router,
+                   futures.router, futures_batch.router, checkpoints.router, weight_copies.router,
+                   training_runs.router, openai_compat.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     return app

@@ -66,22 +66,50 @@ class CheckpointStore:
                     else:
                         out.write(data)
                         written += len(data)
-            if self.fs.exists(location):
-                if not overwrite:
-                    raise FileExistsError(errno.EEXIST, "checkpoint exists", location)
-                self.fs.rm(location, recursive=True)
-            if self.is_local:
-                os.rename(partial, location)  # atomic on one filesystem: readers see all files or none
-            else:  # object stores have no rename: copy file by file; listed only once the DB says "ready"
-                for name in files:
-                    self.fs.copy(f"{partial}/{name}", f"{location}/{name}")
-                self.fs.rm(partial, recursive=True)
+            self._move_into_place(partial, location, list(files), overwrite)
         except BaseException as exc:
             self._remove_quietly(partial)
             if isinstance(exc, OSError):
                 raise StorageError(_explain(exc, self.base_url)) from exc
             raise
         return written
+
+    def publish_copy(self, source: str, location: str) -> int:
+        """Copies the published checkpoint directory `source` to `location`, published as `publish` does (complete
+        or not at all); returns the bytes copied. The store copies each file itself (a server-side copy on object
+        stores), so no file is read into memory whole."""
+        files = self.files(source)
+        if not files:
+            raise NotFoundError(f"checkpoint files are missing from {source} (deleted while being copied?)")
+        partial = f"{location}{PARTIAL_MARKER}{uuid.uuid4().hex[:12]}"
+        try:
+            self.fs.makedirs(partial, exist_ok=True)
+            for name in files:
+                if "/" in name:
+                    self.fs.makedirs(f"{partial}/{name.rsplit('/', 1)[0]}", exist_ok=True)
+                self.fs.copy(f"{source}/{name}", f"{partial}/{name}")
+            self._move_into_place(partial, location, list(files), overwrite=False)
+        except BaseException as exc:
+            self._remove_quietly(partial)
+            if isinstance(exc, FileNotFoundError):
+                raise NotFoundError(f"checkpoint file {exc.filename or ''} is missing from {source} (deleted while "
+                                    "being copied?)") from exc
+            if isinstance(exc, OSError):
+                raise StorageError(_explain(exc, self.base_url)) from exc
+            raise
+        return sum(files.values())
+
+    def _move_into_place(self, partial: str, location: str, names: list[str], overwrite: bool) -> None:
+        if self.fs.exists(location):
+            if not overwrite:
+                raise FileExistsError(errno.EEXIST, "checkpoint exists", location)
+            self.fs.rm(location, recursive=True)
+        if self.is_local:
+            os.rename(partial, location)  # atomic on one filesystem: readers see all files or none
+        else:  # object stores have no rename: copy file by file; listed only once the DB says "ready"
+            for name in names:
+                self.fs.copy(f"{partial}/{name}", f"{location}/{name}")
+            self.fs.rm(partial, recursive=True)
 
     def read(self, location: str, name: str) -> bytes:
         try:

@@ -34,6 +34,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy import false
@@ -170,9 +171,15 @@ class SessionRecord(Base):
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     sdk_version: Mapped[str | None] = mapped_column(String, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)  # sessions/search's order
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     status: Mapped[str] = mapped_column(String, default=SessionStatus.ACTIVE.value)
+    display_name: Mapped[str | None] = mapped_column(String, nullable=True)
+    project_id: Mapped[str | None] = mapped_column(String, nullable=True)  # None: the default project
+    # What the client said when it closed the session (success | errored | interrupted), first close wins; None:
+    # never closed by its client (still active, or ended by the session timeout).
+    finish_reason: Mapped[str | None] = mapped_column(String, nullable=True)
+    finish_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ModelRecord(Base):
@@ -272,6 +279,8 @@ class SamplingSessionRecord(Base):
     # An inflight client follows its model's inflight_snapshot_id (never older than its own snapshot_id).
     inflight: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Further clients (unpickled copies, sampler handles) numbered by join_sampling_session so far.
+    clients_joined: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class RecoverySnapshotRecord(Base):

@@ -1,4 +1,4 @@
-"""CheckpointStore: atomic publish, clear storage errors, partial sweeps — locally and on S3 (moto_server)."""
+"""CheckpointStore: atomic publish and copy, clear storage errors, partial sweeps — locally and on S3 (moto_server)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from s3_server import make_bucket, moto_s3, s3_options
 
 from skyrl_tx.checkpoints.paths import TinkerPath
 from skyrl_tx.checkpoints.store import PARTIAL_MARKER, CheckpointStore, StorageError
+from skyrl_tx.errors import NotFoundError
 
 PATH = TinkerPath("sess:train:0", "weights", "step_1")
+COPY = TinkerPath("other:train:0", "weights", "step_1")
 FILES = {"a.bin": b"x" * 1000, "nested/b.json": b"{}"}
 
 
@@ -47,8 +49,45 @@ def roundtrip(store: CheckpointStore) -> None:
     assert store.files(location) == {}
 
 
+def copy_roundtrip(store: CheckpointStore) -> None:
+    source, target = store.location(PATH), store.location(COPY)
+    store.publish(source, FILES)
+    assert store.publish_copy(source, target) == 1002
+    assert store.files(target) == store.files(source)
+    assert store.read(target, "nested/b.json") == FILES["nested/b.json"]
+    with pytest.raises(StorageError, match="already exists"):
+        store.publish_copy(source, target)
+    store.delete(source)  # the copy has files of its own
+    assert store.read(target, "a.bin") == FILES["a.bin"]
+    with pytest.raises(NotFoundError, match="missing"):
+        store.publish_copy(source, store.location(TinkerPath("third:train:0", "weights", "step_1")))
+    assert store.files(store.location(TinkerPath("third:train:0", "weights", "step_1"))) == {}
+
+
 def test_local_roundtrip(tmp_path) -> None:
     roundtrip(CheckpointStore(str(tmp_path / "ckpt")))
+
+
+def test_local_copy(tmp_path) -> None:
+    copy_roundtrip(CheckpointStore(str(tmp_path / "ckpt")))
+
+
+def test_interrupted_copy_leaves_nothing(tmp_path, monkeypatch) -> None:
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    store.publish(store.location(PATH), FILES)
+    copy_file, copied = store.fs.copy, []
+
+    def full_after_one(src: str, dst: str, **kwargs) -> None:  # the disk fills up after the first file
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        copied.append(src)
+        copy_file(src, dst, **kwargs)
+
+    monkeypatch.setattr(store.fs, "copy", full_after_one)
+    with pytest.raises(StorageError, match="full"):
+        store.publish_copy(store.location(PATH), store.location(COPY))
+    assert copied and store.files(store.location(COPY)) == {}
+    assert [p for p in (tmp_path / "ckpt").rglob("*") if PARTIAL_MARKER in p.name] == []
 
 
 def test_interrupted_publish_leaves_nothing(tmp_path) -> None:
@@ -89,6 +128,11 @@ def s3_endpoint() -> Iterator[str]:
 def test_s3_roundtrip(s3_endpoint) -> None:
     make_bucket(s3_endpoint, "store-test")
     roundtrip(CheckpointStore("s3://store-test/ckpts", s3_options(s3_endpoint)))
+
+
+def test_s3_copy(s3_endpoint) -> None:
+    make_bucket(s3_endpoint, "store-copy")
+    copy_roundtrip(CheckpointStore("s3://store-copy/ckpts", s3_options(s3_endpoint)))
 
 
 def test_s3_interrupted_publish_leaves_nothing(s3_endpoint) -> None:

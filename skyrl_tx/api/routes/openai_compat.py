@@ -161,7 +161,7 @@ async def _model_list(request: Request) -> list[dict[str, Any]]:
     settings = request.app.state.settings
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "skyrl_tx", "root": settings.base_model,
-             "parent": None} for name in (settings.base_model, *settings.model_aliases)]
+             "parent": None} for name in settings.served_names()]
     for path, base, when in await asyncio.to_thread(sampler_checkpoints, request, await caller(request)):
         data.append({"id": path, "object": "model", "created": int(when), "owned_by": "skyrl_tx", "root": base,
                      "parent": base})

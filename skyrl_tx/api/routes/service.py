@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -27,6 +27,21 @@ class CreateSessionRequest(BaseModel):
     tags: list[str] = Field(default_factory=list)
     user_metadata: dict[str, Any] = Field(default_factory=dict)
     sdk_version: str | None = None
+    project_id: str | None = None
+    display_name: str | None = None
+
+
+class FinishReason(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["success", "errored", "interrupted"]
+
+
+class FinishSessionRequest(BaseModel):
+    """What ServiceClient.close(status, detail) sends (older SDKs send nothing)."""
+
+    model_config = ConfigDict(extra="ignore")
+    reason: FinishReason | None = None
+    detail: str | None = None
 
 
 class SessionRef(BaseModel):
@@ -37,9 +52,10 @@ class SessionRef(BaseModel):
 @router.post("/client/config")
 def client_config() -> dict[str, Any]:
     # zstd-compressed protobuf forward_backward bodies; samples wait on one retrieve_futures poll per sampling
-    # client (routes/futures_batch.py); the other optional newer features stay off.
+    # client (routes/futures_batch.py); copies of a sampling client get their number from the server
+    # (routes/sampling_clients.py); server-side custom losses stay off.
     return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": True,
-            "custom_loss_server_side": False, "sample_join_sampling_session": False}
+            "custom_loss_server_side": False, "sample_join_sampling_session": True}
 
 
 @router.post("/client/dynamic_config")
@@ -55,7 +71,8 @@ def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> dic
     check_json_finite(body.user_metadata, "user_metadata", "create_session")
     session_id = uuid.uuid4().hex
     db.add(SessionRecord(id=session_id, tags=body.tags, user_metadata=body.user_metadata,
-                         sdk_version=body.sdk_version, owner_key_id=who.key_id))
+                         sdk_version=body.sdk_version, owner_key_id=who.key_id, project_id=body.project_id,
+                         display_name=body.display_name))
     db.commit()
     return {"session_id": session_id}
 
@@ -76,10 +93,15 @@ def session_heartbeat(body: SessionRef, db: DbDep, who: CallerDep) -> dict[str, 
 
 
 @router.post("/sessions/{session_id}/finish", status_code=204)
-def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep) -> Response:
+def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep,
+                   body: FinishSessionRequest | None = None) -> Response:
     """The session ends: its models are unloaded once their accepted requests and samples are done, so their
-    adapter slots are free for the next user at once (not at the session timeout)."""
-    _session(db, session_id, who).status = SessionStatus.EXPIRED.value
+    adapter slots are free for the next user at once (not at the session timeout). The client's finish reason is
+    kept for sessions/search; the first one given stays (the SDK's close() is first-wins)."""
+    session = _session(db, session_id, who)
+    session.status = SessionStatus.EXPIRED.value
+    if body is not None and body.reason is not None and session.finish_reason is None:
+        session.finish_reason, session.finish_detail = body.reason.type, body.detail
     unloads = request_unloads(db, session_id)
     db.commit()
     if unloads:
@@ -93,9 +115,16 @@ def telemetry() -> dict[str, str]:
 
 
 @router.get("/get_server_capabilities")
-def server_capabilities(settings: SettingsDep) -> dict[str, Any]:
-    names = [settings.base_model, *settings.model_aliases]
-    return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names],
+def server_capabilities(request: Request, settings: SettingsDep) -> dict[str, Any]:
+    """Every name of the base model (aliases and its directory are the same weights, so they answer alike)."""
+    model = {
+        # Every configuration trains (max_lora_adapters >= 1 is validated) and samples (the built-in sampler, or
+        # vLLM with --external-inference-url) its one base model.
+        "trainable": True, "sampleable": True,
+        # The context every request gets: training sequences are bounded by the model's positions, sampled ones
+        # (prompt + completion) also by max_sampling_length.
+        "max_context_length": min(request.app.state.max_positions, settings.backend.max_sampling_length)}
+    return {"supported_models": [{"model_name": name, **model} for name in settings.served_names()],
             "supported_optimizers": list(OPTIMIZER_CONFIGS.values())}  # not in the SDK's model (it ignores it)
 
 

@@ -65,7 +65,7 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
     check_seed(body.lora_config.seed, "create_model", "lora_config.seed")
     check_json_finite(body.user_metadata, "user_metadata", "create_model")
     if not settings.serves(body.base_model):
-        served = ", ".join([settings.base_model, *settings.model_aliases])
+        served = ", ".join(settings.served_names())
         raise InvalidArgumentError(f"create_model: base_model {body.base_model!r} is not served here (serving: "
                                    f"{served}); start the server with --base-model or --model-alias for it")
     rank, max_rank = body.lora_config.rank, settings.backend.max_lora_rank
