@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections.abc
 import torch
 import typing
-__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'Collectives', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
+__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'Collectives', 'CustomLoss', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'custom_loss_allowed_functions', 'custom_loss_allowed_methods', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
 class RopeScaling:
     type: str
     def __init__(self) -> None:
@@ -327,6 +327,28 @@ class BackendConfig:
     @train_micro_batch_tokens.setter
     def train_micro_batch_tokens(self, arg0: typing.SupportsInt) -> None:
         ...
+class CustomLoss:
+    @staticmethod
+    def from_wire(name: str, input_names: collections.abc.Sequence[str], input_ranks: collections.abc.Sequence[typing.SupportsInt], nodes: list) -> CustomLoss:
+        """
+        Rebuilds a create_custom_loss graph (the SDK's CustomLossGraph.nodes as JSON) from the allow-list; InvalidArgumentError names the node it refuses.
+        """
+    def evaluate(self, inputs: collections.abc.Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """
+        (loss, metrics) of one datum: inputs = [logprobs, *loss_fn_inputs in order]
+        """
+    @property
+    def input_names(self) -> list[str]:
+        ...
+    @property
+    def input_ranks(self) -> list[int]:
+        ...
+    @property
+    def metric_names(self) -> list[str]:
+        ...
+    @property
+    def name(self) -> str:
+        ...
 class TrainDatum:
     input_tokens: torch.Tensor
     @typing.overload
@@ -342,6 +364,7 @@ class TrainDatum:
     def loss_fn_inputs(self, arg0: collections.abc.Mapping[str, torch.Tensor]) -> None:
         ...
 class TrainRequest:
+    custom_loss: CustomLoss
     loss_fn: str
     model_id: str
     @typing.overload
@@ -363,6 +386,9 @@ class TrainRequest:
     def loss_fn_config(self, arg0: collections.abc.Mapping[str, typing.SupportsFloat]) -> None:
         ...
 class DatumOutput:
+    @property
+    def custom_values(self) -> list[float]:
+        ...
     @property
     def elementwise_loss(self) -> torch.Tensor:
         ...
@@ -704,6 +730,10 @@ def _raise_for_test(arg0: str, arg1: str) -> None:
 def _testing_fail_micro_batch(k: typing.SupportsInt) -> int:
     ...
 def build_info() -> dict:
+    ...
+def custom_loss_allowed_functions() -> list[str]:
+    ...
+def custom_loss_allowed_methods() -> list[str]:
     ...
 def newton_schulz(x: torch.Tensor) -> torch.Tensor:
     """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the API imports this module and must not load torch
     import torch
@@ -23,6 +23,18 @@ class Datum:
     loss_fn_inputs: dict[str, list[float] | list[int] | torch.Tensor]
 
 
+@dataclass(frozen=True)
+class CustomLossGraph:
+    """A create_custom_loss graph as the SDK sent it (plain data; the backend rebuilds it from its allow-list).
+    `nodes` are the SDK's CustomLossGraph.nodes as JSON; `loss_id` names it (the create_custom_loss future's id)."""
+
+    loss_id: str
+    name: str
+    input_names: tuple[str, ...]  # logprobs first
+    input_ranks: tuple[int, ...]
+    nodes: list[dict[str, Any]]
+
+
 @dataclass
 class TrainRequest:
     """forward / forward_backward of one model over its data with one loss function."""
@@ -31,6 +43,7 @@ class TrainRequest:
     data: list[Datum]
     loss_fn: str = "cross_entropy"
     loss_fn_config: dict[str, float] | None = None
+    custom_loss: CustomLossGraph | None = None  # loss_fn "custom": the graph it runs per datum
 
 
 @dataclass

@@ -217,7 +217,8 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
       std::vector<at::Tensor> losses = batching::unpack_tokens(out.loss.to(at::kCPU), batch);
       for (size_t k = 0; k < micro.size(); ++k) {
         const batching::TrainRow& row = rows[micro[k]];
-        results[row.request].loss_fn_outputs[row.datum] = {logprobs[k].clone(), losses[k].clone()};
+        results[row.request].loss_fn_outputs[row.datum] = {logprobs[k].clone(), losses[k].clone(),
+                                                           std::move(out.custom_values[k])};
         loss_sums[row.request] += losses[k].to(at::kDouble).sum().item<double>();
       }
     }
@@ -226,6 +227,14 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   if (parallel) {  // every rank, rows or not: the collectives need them all
     share_row_outputs(rows, mine, results, *collectives_, model_->options().device);
     if (grads) grads->all_reduce(*collectives_);
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (!requests[r].custom_loss) continue;
+    // As the SDK reports a client-side custom loss: its loss and metrics, plus the linear surrogate trained on.
+    std::vector<std::vector<double>> per_datum;
+    for (const batching::DatumOutput& out : results[r].loss_fn_outputs) per_datum.push_back(out.custom_values);
+    results[r].metrics["surrogate_loss:sum"] = results[r].metrics["loss:sum"];
+    loss::add_custom_metrics(*requests[r].custom_loss, per_datum, results[r].metrics);
   }
   if (grads) grads->commit();  // last: nothing after it can fail
   return results;

@@ -11,6 +11,29 @@
 namespace skyrl_tx::backend {
 namespace {
 
+// Custom losses (loss/custom_loss.h) on a no-grad pass's logprobs `all` [N]: each custom row's graph runs once with
+// autograd on its own copy of the row's logprobs, giving its loss, metrics and g = dC/dlp; the training pass then
+// backpropagates g·lp (loss::elementwise_loss), whose gradient is C's. Returns g [N] (0 on other tokens).
+at::Tensor custom_gradients(const at::Tensor& all, const loss::LossInputs& inputs,
+                            std::vector<std::vector<double>>& values) {
+  at::Tensor grad = at::zeros_like(all);
+  at::AutoGradMode enable_grad(true);  // also in forward-only passes: the graph is the same either way
+  for (const loss::CustomLossRow& row : inputs.custom_rows) {
+    at::Tensor lp = all.narrow(0, row.begin, row.length).detach().clone().requires_grad_(true);  // [n]
+    std::vector<at::Tensor> args{lp};
+    args.insert(args.end(), row.inputs.begin(), row.inputs.end());
+    loss::CustomLoss::Result result = row.loss->evaluate(args);
+    std::vector<double>& out = values[row.batch_row];
+    out.push_back(result.loss.detach().to(at::kDouble).item<double>());
+    for (const at::Tensor& metric : result.metrics) out.push_back(metric.to(at::kDouble).item<double>());
+    if (result.loss.requires_grad()) {
+      result.loss.backward();
+      if (lp.grad().defined()) grad.narrow(0, row.begin, row.length).copy_(lp.grad());
+    }
+  }
+  return grad;
+}
+
 // The head runs chunk by chunk; in training each chunk's loss is backpropagated at once into
 // hidden.grad and the lm_head parameters, so only one [chunk, vocab] block of logits is ever alive.
 MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidden, const batching::PackedBatch& batch,
@@ -24,12 +47,19 @@ MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidde
   loss::LossInputs inputs = batch_inputs;
   // A sequence-level loss (gspo) needs its datum's mean log-ratio before any of the datum's tokens, which may
   // span chunks: a no-grad pass over the head first (only for such batches); forward reuses its logprobs.
+  // A custom loss needs its whole datum's logprobs the same way.
   std::vector<at::Tensor> pre_pass;
-  if (inputs.has_sequence_losses) {
-    c10::NoGradGuard no_grad;
-    for (int64_t begin = 0; begin < num_tokens; begin += options.chunk_tokens)
-      pre_pass.push_back(chunk_logprobs(begin, std::min(options.chunk_tokens, num_tokens - begin)));
-    inputs.seq_log_ratio = loss::sequence_log_ratio(at::cat(pre_pass), inputs, batch.input_ids.size(1));
+  std::vector<std::vector<double>> custom_values(batch.input_ids.size(0));
+  if (inputs.has_sequence_losses || !inputs.custom_rows.empty()) {
+    {
+      c10::NoGradGuard no_grad;
+      for (int64_t begin = 0; begin < num_tokens; begin += options.chunk_tokens)
+        pre_pass.push_back(chunk_logprobs(begin, std::min(options.chunk_tokens, num_tokens - begin)));
+    }
+    const at::Tensor all = at::cat(pre_pass);  // [N]
+    if (inputs.has_sequence_losses)
+      inputs.seq_log_ratio = loss::sequence_log_ratio(all, inputs, batch.input_ids.size(1));
+    if (!inputs.custom_rows.empty()) inputs.custom_grad = custom_gradients(all, inputs, custom_values);
   }
   std::vector<at::Tensor> logprobs, losses;
   for (int64_t begin = 0, chunk = 0; begin < num_tokens; begin += options.chunk_tokens, ++chunk) {
@@ -40,7 +70,7 @@ MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidde
     logprobs.push_back(lp.detach());
     losses.push_back(per_token.detach());
   }
-  return {at::cat(logprobs), at::cat(losses)};
+  return {at::cat(logprobs), at::cat(losses), std::move(custom_values)};
 }
 
 at::Tensor grad_or_zeros(const at::Tensor& leaf) {

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "batching/packing.h"
 #include "loss/losses.h"
 #include "models/causal_lm.h"
@@ -18,6 +20,9 @@ struct MicroBatchOptions {
 struct MicroBatchOutput {
   at::Tensor logprobs;  // [B * T] float32, detached
   at::Tensor loss;      // [B * T] float32 per-token loss, detached; 0 on padding
+  /// Per row of the micro-batch (its order in pack_training_rows): a custom loss's [loss, metrics...]; empty for
+  /// other losses.
+  std::vector<std::vector<double>> custom_values;
 };
 
 /// The loss is the plain sum of per-token losses, so micro-batches and chunks add up exactly.

@@ -21,6 +21,48 @@ at::Tensor float_input(const TrainDatum& d, const std::string& key, int64_t n, d
   return out;
 }
 
+at::Tensor target_tokens(const TrainDatum& d, int64_t n, const std::string& where) {
+  const at::Tensor& targets = d.loss_fn_inputs.at("target_tokens");
+  SKYRL_TX_CHECK(targets.dim() == 1 && targets.numel() == n, InvalidArgument, where,
+                 ": loss_fn_inputs['target_tokens'] must have the input's length ", n, " (got shape ",
+                 shape_str(targets), ")");
+  SKYRL_TX_CHECK(!at::isFloatingType(targets.scalar_type()), InvalidArgument, where,
+                 ": loss_fn_inputs['target_tokens'] must be int64 (got ", targets.scalar_type(), ")");
+  return targets.to(at::kLong);
+}
+
+// A custom loss reads the loss_fn_inputs its graph names, at their declared ranks ([] , [N] or [N, K]); the SDK
+// sends every other key of the datum too, which it ignores.
+TrainRow custom_row(TrainRow row, const TrainRequest& req, const TrainDatum& d, const std::string& where) {
+  SKYRL_TX_CHECK(req.custom_loss != nullptr, InvalidArgument, where,
+                 ": loss 'custom' needs loss_fn_config {'loss_id': ...} from create_custom_loss");
+  const int64_t n = row.length();
+  row.target_tokens = target_tokens(d, n, where);
+  row.custom = req.custom_loss.get();
+  const auto& names = row.custom->input_names();
+  const auto& ranks = row.custom->input_ranks();
+  for (size_t k = 1; k < names.size(); ++k) {
+    auto it = d.loss_fn_inputs.find(names[k]);
+    SKYRL_TX_CHECK(it != d.loss_fn_inputs.end(), InvalidArgument, where, ": custom loss '", row.custom->name(),
+                   "' reads loss_fn_inputs['", names[k], "'], which the datum does not have");
+    const at::Tensor& t = it->second;
+    const bool fits = ranks[k] == 0 ? t.numel() == 1 : t.dim() == ranks[k] && t.size(0) == n;
+    SKYRL_TX_CHECK(fits, InvalidArgument, where, ": loss_fn_inputs['", names[k], "'] has shape ", shape_str(t),
+                   "; custom loss '", row.custom->name(), "' declared it with rank ", ranks[k],
+                   ranks[k] ? str_cat(" and the input's length ", n, " first") : std::string());
+    at::Tensor value = ranks[k] == 0 ? t.reshape({}) : t.contiguous();
+    if (at::isFloatingType(value.scalar_type())) {
+      value = value.to(at::kFloat);
+      SKYRL_TX_CHECK(at::isfinite(value).all().item<bool>(), InvalidArgument, where, ": loss_fn_inputs['",
+                     names[k], "'] contains NaN or infinity");
+    }
+    row.custom_inputs.push_back(value);
+  }
+  row.weights = at::ones({n}, at::kFloat);  // unused by the custom loss: its gradient comes from the graph
+  row.sampling_logprobs = row.advantages = row.clip_low = row.clip_high = at::zeros({n}, at::kFloat);
+  return row;
+}
+
 TrainRow validate_datum(const TrainRequest& req, size_t r, size_t i, loss::LossKind kind, const loss::LossConfig& cfg) {
   const TrainDatum& d = req.data[i];
   const std::string where = str_cat("forward_backward: request ", r, " (model '", req.model_id, "') datum ", i);
@@ -37,18 +79,13 @@ TrainRow validate_datum(const TrainRequest& req, size_t r, size_t i, loss::LossK
     SKYRL_TX_CHECK(d.loss_fn_inputs.count(key), InvalidArgument, where, ": loss '", loss::loss_name(kind),
                    "' needs loss_fn_inputs['", key, "']");
   }
+  if (kind == loss::LossKind::kCustom) return custom_row(std::move(row), req, d, where);
   for (const auto& [key, tensor] : d.loss_fn_inputs) {
     const bool known = std::count(required.begin(), required.end(), key) + std::count(optional.begin(), optional.end(), key);
     SKYRL_TX_CHECK(known, InvalidArgument, where, ": loss_fn_inputs['", key, "'] is not an input of loss '",
                    loss::loss_name(kind), "'; remove it");
   }
-  const at::Tensor& targets = d.loss_fn_inputs.at("target_tokens");
-  SKYRL_TX_CHECK(targets.dim() == 1 && targets.numel() == n, InvalidArgument, where,
-                 ": loss_fn_inputs['target_tokens'] must have the input's length ", n, " (got shape ",
-                 shape_str(targets), ")");
-  SKYRL_TX_CHECK(!at::isFloatingType(targets.scalar_type()), InvalidArgument, where,
-                 ": loss_fn_inputs['target_tokens'] must be int64 (got ", targets.scalar_type(), ")");
-  row.target_tokens = targets.to(at::kLong);
+  row.target_tokens = target_tokens(d, n, where);
   row.weights = float_input(d, "weights", n, 1.0, where);
   row.sampling_logprobs = float_input(d, "logprobs", n, 0.0, where);
   row.advantages = float_input(d, "advantages", n, 0.0, where);
@@ -109,9 +146,15 @@ std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<co
   at::Tensor lo = at::zeros({B, T}, fopts), hi = at::zeros({B, T}, fopts), beta = at::zeros({B, T}, fopts);
   at::Tensor ratio_mask = at::zeros({B, T}, fopts);
   bool has_sequence_losses = false;
+  std::vector<loss::CustomLossRow> custom_rows;
   for (size_t i = 0; i < rows.size(); ++i) {
     const TrainRow& row = *rows[i];
     const int64_t p = batch.packed_row[i], n = row.length();
+    if (row.custom != nullptr) {
+      std::vector<at::Tensor> on_device;
+      for (const at::Tensor& t : row.custom_inputs) on_device.push_back(t.to(device));
+      custom_rows.push_back({p * T, n, i, row.custom, std::move(on_device)});
+    }
     kind[p].fill_(static_cast<int64_t>(row.kind));
     w[p].narrow(0, 0, n).copy_(row.weights);
     q[p].narrow(0, 0, n).copy_(row.sampling_logprobs);
@@ -127,7 +170,8 @@ std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<co
   auto flat = [&](const at::Tensor& t) { return t.reshape({-1}).to(device); };
   // seq_log_ratio needs the model's logprobs: the micro-batch runner fills it (loss::sequence_log_ratio).
   loss::LossInputs in{flat(kind), batch.valid.reshape({-1}), flat(w), flat(q), flat(adv), flat(lo), flat(hi),
-                      flat(beta), flat(ratio_mask), at::Tensor(), has_sequence_losses};
+                      flat(beta), flat(ratio_mask), at::Tensor(), has_sequence_losses, at::Tensor(),
+                      std::move(custom_rows)};
   return {std::move(batch), std::move(in)};
 }
 
@@ -135,7 +179,7 @@ loss::LossInputs slice_inputs(const loss::LossInputs& in, int64_t begin, int64_t
   auto s = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, length) : t; };
   return {s(in.kind), s(in.valid), s(in.weights), s(in.sampling_logprobs), s(in.advantages),
           s(in.clip_low), s(in.clip_high), s(in.beta), s(in.ratio_mask), s(in.seq_log_ratio),
-          in.has_sequence_losses};
+          in.has_sequence_losses, s(in.custom_grad), {}};
 }
 
 }  // namespace skyrl_tx::batching

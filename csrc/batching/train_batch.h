@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,11 +24,13 @@ struct TrainRequest {
   std::vector<TrainDatum> data;
   std::string loss_fn = "cross_entropy";
   std::map<std::string, double> loss_fn_config;
+  std::shared_ptr<const loss::CustomLoss> custom_loss;  // set exactly when loss_fn is "custom"
 };
 
 struct DatumOutput {
   at::Tensor logprobs;          // [N] float32
   at::Tensor elementwise_loss;  // [N] float32
+  std::vector<double> custom_values;  // loss "custom": the datum's loss, then its metrics in the graph's order
 };
 
 struct TrainResult {
@@ -43,6 +46,8 @@ struct TrainRow {
   at::Tensor weights, sampling_logprobs, advantages, clip_low, clip_high;  // [N] float32
   at::Tensor ratio_mask;  // [N] float32, gspo only (undefined otherwise): the sequence ratio's tokens
   double beta = 0.0;
+  const loss::CustomLoss* custom = nullptr;  // loss "custom": its graph and inputs (graph order, logprobs excluded)
+  std::vector<at::Tensor> custom_inputs;
   int64_t length() const { return input_tokens.numel(); }
 };
 

@@ -31,10 +31,15 @@ void bind_training(py::module_& m) {
       .def_readwrite("model_id", &TrainRequest::model_id)
       .def_readwrite("data", &TrainRequest::data)
       .def_readwrite("loss_fn", &TrainRequest::loss_fn)
-      .def_readwrite("loss_fn_config", &TrainRequest::loss_fn_config);
+      .def_readwrite("loss_fn_config", &TrainRequest::loss_fn_config)
+      .def_property(
+          "custom_loss",
+          [](const TrainRequest& r) { return std::const_pointer_cast<loss::CustomLoss>(r.custom_loss); },
+          [](TrainRequest& r, std::shared_ptr<loss::CustomLoss> loss) { r.custom_loss = std::move(loss); });
   py::class_<DatumOutput>(m, "DatumOutput")
       .def_readonly("logprobs", &DatumOutput::logprobs)
-      .def_readonly("elementwise_loss", &DatumOutput::elementwise_loss);
+      .def_readonly("elementwise_loss", &DatumOutput::elementwise_loss)
+      .def_readonly("custom_values", &DatumOutput::custom_values);
   py::class_<TrainResult>(m, "TrainResult")
       .def_readonly("loss_fn_outputs", &TrainResult::loss_fn_outputs)
       .def_readonly("metrics", &TrainResult::metrics);

@@ -9,6 +9,7 @@ void bind_errors(pybind11::module_& m);
 void bind_models(pybind11::module_& m);
 void bind_backend(pybind11::module_& m);
 void bind_training(pybind11::module_& m);
+void bind_custom_loss(pybind11::module_& m);
 void bind_sampling(pybind11::module_& m);
 void bind_dist(pybind11::module_& m);
 

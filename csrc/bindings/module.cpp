@@ -38,6 +38,7 @@ PYBIND11_MODULE(_C, m) {
 #endif
   skyrl_tx::bindings::bind_errors(m);
   skyrl_tx::bindings::bind_models(m);
+  skyrl_tx::bindings::bind_custom_loss(m);  // before training: TrainRequest.custom_loss names CustomLoss
   skyrl_tx::bindings::bind_training(m);
   skyrl_tx::bindings::bind_sampling(m);
   skyrl_tx::bindings::bind_dist(m);  // before the backend: Backend.attach_collectives names Collectives

@@ -34,7 +34,7 @@ namespace {
 
 // Indexed by LossKind.
 const std::vector<std::string> kLossNames = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro",
-                                             "gspo", "stable_reinforce"};
+                                             "gspo", "stable_reinforce", "custom"};
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -88,6 +88,8 @@ LossConfig parse_loss_config(LossKind kind, const std::map<std::string, double>&
 const std::vector<std::string>& required_inputs(LossKind kind) {
   static const std::vector<std::string> kSupervised = {"target_tokens", "weights"};
   static const std::vector<std::string> kPolicy = {"target_tokens", "logprobs", "advantages"};
+  static const std::vector<std::string> kTargets = {"target_tokens"};  // custom: its graph names the rest
+  if (kind == LossKind::kCustom) return kTargets;
   return kind == LossKind::kCrossEntropy ? kSupervised : kPolicy;
 }
 
@@ -126,6 +128,8 @@ at::Tensor elementwise_loss(const at::Tensor& lp, const LossInputs& in) {
                    -at::minimum(seq_ratio * adv, seq_clipped * adv) * w, loss);
   loss = at::where(kind == static_cast<int64_t>(LossKind::kStableReinforce),
                    (-adv * lp + in.beta * (ratio - 1.0 - (lp - q))) * w, loss);
+  if (in.custom_grad.defined())
+    loss = at::where(kind == static_cast<int64_t>(LossKind::kCustom), lp * in.custom_grad, loss);
   return at::where(in.valid, loss, at::zeros_like(loss));
 }
 

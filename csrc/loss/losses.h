@@ -8,12 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "loss/custom_loss.h"
+
 namespace skyrl_tx::loss {
 
 // New kinds go last: the values are stored per token in LossInputs::kind.
-enum class LossKind : int64_t { kCrossEntropy = 0, kImportanceSampling, kPpo, kCispo, kDro, kGspo, kStableReinforce };
+enum class LossKind : int64_t {
+  kCrossEntropy = 0, kImportanceSampling, kPpo, kCispo, kDro, kGspo, kStableReinforce, kCustom
+};
 
-/// "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce";
+/// "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce", "custom" (a graph
+/// from create_custom_loss, loss/custom_loss.h);
 /// throws InvalidArgument otherwise.
 LossKind parse_loss_kind(const std::string& name);
 const char* loss_name(LossKind kind);
@@ -33,6 +38,15 @@ LossConfig parse_loss_config(LossKind kind, const std::map<std::string, double>&
 const std::vector<std::string>& required_inputs(LossKind kind);
 const std::vector<std::string>& optional_inputs(LossKind kind);
 
+/// A custom-loss datum of a packed micro-batch: its tokens [begin, begin + length) of the flat [N], its graph and
+/// its loss_fn_inputs in the graph's order (logprobs excluded: the runner supplies them).
+struct CustomLossRow {
+  int64_t begin = 0, length = 0;
+  size_t batch_row = 0;  // its index among the micro-batch's rows
+  const CustomLoss* loss = nullptr;
+  std::vector<at::Tensor> inputs;
+};
+
 /// Per-token inputs of a packed micro-batch; every tensor is [N] over the flattened tokens.
 struct LossInputs {
   at::Tensor kind;        // int64, LossKind per token (padding: any; masked by `valid`)
@@ -48,6 +62,10 @@ struct LossInputs {
   /// Undefined means 0, which is right only for batches without gspo rows.
   at::Tensor seq_log_ratio;
   bool has_sequence_losses = false;  // some row is gspo, so seq_log_ratio must be filled before the loss
+  /// float32, d(custom loss)/d lp of every custom-loss token, filled by the micro-batch runner from a no-grad
+  /// pre-pass (loss/custom_loss.h); 0 elsewhere; undefined where no row is custom.
+  at::Tensor custom_grad;
+  std::vector<CustomLossRow> custom_rows;  // whole rows, so they are not sliced with the chunks
 };
 
 /// Per-token loss for target logprobs `lp` [N] (float32, may require grad); 0 on invalid tokens.
@@ -58,6 +76,7 @@ struct LossInputs {
 ///   dro:                  -(lp·A − ½·β·(lp − q)²)·w              (Richemond et al. 2024)
 ///   gspo:                 -min(s_t·A, clip(s_t, lo, hi)·A)·w,  s_t = exp(sg(S) + lp − sg(lp))  (GSPO-token)
 ///   stable_reinforce:     (-A·lp + κ·(r − 1 − (lp − q)))·w       (REINFORCE + sampler KL, κ = kl_coeff)
+///   custom:               g·lp, g = sg(dC/dlp) of the datum's custom loss C: the gradient of C, in the same pass
 /// S is the datum's sequence log-ratio, in.seq_log_ratio; sources and readings are at the top of losses.cpp.
 at::Tensor elementwise_loss(const at::Tensor& lp, const LossInputs& in);
 

@@ -21,7 +21,8 @@ from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.metrics import Metrics
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
-from skyrl_tx.api.routes import checkpoints, futures, futures_batch, sampling, sampling_clients, service, sessions
+from skyrl_tx.api.routes import checkpoints, custom_losses, futures, futures_batch, sampling, sampling_clients, service
+from skyrl_tx.api.routes import sessions
 from skyrl_tx.api.routes import training, training_runs, weight_copies
 from skyrl_tx.api.routes import openai_compat
 from skyrl_tx.api.waiters import FutureWaiters
@@ -203,9 +204,9 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_auth(app, settings, engine)  # the API-key check, outermost: a refused request's body is never read
-    for router in (service.router, sessions.router, training.router, sampling.router, sampling_clients.router,
-                   futures.router, futures_batch.router, checkpoints.router, weight_copies.router,
-                   training_runs.router, openai_compat.router):
+    for router in (service.router, sessions.router, training.router, custom_losses.router, sampling.router,
+                   sampling_clients.router, futures.router, futures_batch.router, checkpoints.router,
+                   weight_copies.router, training_runs.router, openai_compat.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     return app

@@ -18,8 +18,8 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
-from skyrl_tx.types import (Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest, SampleResult,
-                            TrainRequest, TrainResult)
+from skyrl_tx.types import (CustomLossGraph, Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest,
+                            SampleResult, TrainRequest, TrainResult)
 
 PEFT_PREFIX = "base_model.model."
 
@@ -72,6 +72,7 @@ class NativeBackend:
         token_bytes = token_bytes_table(self.model_dir, self.decoder_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.decoder_config.eos_token_ids)
         self._core.set_tokenizer_info(self.eos_token_ids, token_bytes or [])
+        self._custom_losses = CustomLossCache()
 
     @classmethod
     def from_name(cls, base_model: str, settings: BackendSettings | None = None) -> NativeBackend:
@@ -143,11 +144,16 @@ class NativeBackend:
     # ---- training -------------------------------------------------------------------------------
     def forward_backward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
         """One pass over all requests; gradients accumulate per model until optim_step."""
-        return _results(self._core.forward_backward([_native_request(r) for r in requests]))
+        return _results(self._core.forward_backward([_native_request(r, self._custom_losses) for r in requests]))
 
     def forward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
         """forward_backward's outputs without gradients or side effects."""
-        return _results(self._core.forward([_native_request(r) for r in requests]))
+        return _results(self._core.forward([_native_request(r, self._custom_losses) for r in requests]))
+
+    def check_custom_loss(self, graph: CustomLossGraph) -> list[str]:
+        """Rebuilds a create_custom_loss graph from the core's allow-list (InvalidArgumentError names the node it
+        refuses); returns its metric names."""
+        return list(self._custom_losses.get(graph).metric_names)
 
     def attach_collectives(self, group: Any) -> None:
         """Data parallelism (skyrl_tx.parallel.group.join_group's Collectives; None: one process again): every rank
@@ -268,9 +274,30 @@ def _native_datum(datum: Datum):
     return load_extension().TrainDatum(_as_token_tensor(datum.input_tokens), inputs)
 
 
-def _native_request(request: TrainRequest):
-    return load_extension().TrainRequest(request.model_id, [_native_datum(d) for d in request.data],
-                                         request.loss_fn, dict(request.loss_fn_config or {}))
+def _native_request(request: TrainRequest, custom_losses: CustomLossCache):
+    native = load_extension().TrainRequest(request.model_id, [_native_datum(d) for d in request.data],
+                                           request.loss_fn, dict(request.loss_fn_config or {}))
+    if request.custom_loss is not None:
+        native.custom_loss = custom_losses.get(request.custom_loss)
+    return native
+
+
+class CustomLossCache:
+    """Custom losses rebuilt by the core (_C.CustomLoss.from_wire), by loss_id: a loss is rebuilt once, not per
+    request. Bounded: an RL run creates a handful; the oldest goes first."""
+
+    def __init__(self, capacity: int = 256):
+        self._capacity, self._losses = capacity, {}
+
+    def get(self, graph: CustomLossGraph) -> Any:
+        loss = self._losses.pop(graph.loss_id, None)
+        if loss is None:
+            loss = load_extension().CustomLoss.from_wire(graph.name, list(graph.input_names), list(graph.input_ranks),
+                                                         graph.nodes)
+        self._losses[graph.loss_id] = loss  # most recently used last
+        while len(self._losses) > self._capacity:
+            self._losses.pop(next(iter(self._losses)))
+        return loss
 
 
 def _results(native_results) -> list[TrainResult]:

@@ -94,6 +94,8 @@ PENDING = select(FUTURES.c.id, FUTURES.c.session_id, FUTURES.c.model_id, FUTURES
     FUTURES.c.status == FutureStatus.PENDING.value).order_by(FUTURES.c.created_at)
 # The binary bodies of the requests the engine claimed (an expanding IN list: one round trip per batch).
 REQUEST_BODIES = select(FUTURES.c.id, FUTURES.c.request_body).where(FUTURES.c.id.in_(bindparam("ids", expanding=True)))
+# The JSON requests of the given futures (a custom loss's graph lives in its create_custom_loss request).
+REQUESTS_OF = select(FUTURES.c.id, FUTURES.c.request).where(FUTURES.c.id.in_(bindparam("ids", expanding=True)))
 # Column defaults (status pending, attempts 0, created_at now) are applied by Core as well.
 INSERT_FUTURE = insert(FUTURES)
 REQUEST_HASH = select(FUTURES.c.request_hash).where(FUTURES.c.id == bindparam("id_"))

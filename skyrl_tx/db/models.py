@@ -118,7 +118,7 @@ class CheckpointStatus(StrEnum):
 # FutureRecord.request_type values (the Tinker operations a future can carry).
 REQUEST_TYPES = frozenset({
     "create_model", "forward", "forward_backward", "optim_step", "save_weights", "save_weights_external",
-    "save_weights_for_sampler", "load_weights", "sample", "unload_model",
+    "save_weights_for_sampler", "load_weights", "sample", "unload_model", "create_custom_loss",
 })
 
 

@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import FutureRow
-from skyrl_tx.types import (AdamParams, Datum, DimuonParams, OptimParams, SampleRequest, SampleResult, SamplingParams,
-                            TrainRequest, TrainResult)
+from skyrl_tx.types import (AdamParams, CustomLossGraph, Datum, DimuonParams, OptimParams, SampleRequest,
+                            SampleResult, SamplingParams, TrainRequest, TrainResult)
 from skyrl_tx.wire import codec
 
 # Tinker trains LoRA with a fixed alpha and 1/r scaling, so the learning rate transfers across ranks
@@ -38,9 +38,16 @@ def _array_tensor(spec: dict[str, Any]) -> torch.Tensor:
     return torch.from_numpy(np.array(spec["values"]).reshape(spec["shape"]))
 
 
-def train_request(request: dict[str, Any], body: bytes | None = None) -> TrainRequest:
+def custom_loss_graph(loss_id: str, request: dict[str, Any]) -> CustomLossGraph:
+    """A create_custom_loss future's stored request (api/routes/custom_losses.py) as the graph the backend rebuilds."""
+    return CustomLossGraph(loss_id, request["name"], tuple(i["name"] for i in request["inputs"]),
+                           tuple(int(i["rank"]) for i in request["inputs"]), request["nodes"])
+
+
+def train_request(request: dict[str, Any], body: bytes | None = None,
+                  custom_loss: CustomLossGraph | None = None) -> TrainRequest:
     """A stored forward / forward_backward: `request` is its JSON column, `body` its request_body (None for rows
-    stored before binary bodies, whose datums are in the JSON)."""
+    stored before binary bodies, whose datums are in the JSON); `custom_loss` the graph a "custom" one names."""
     if body is None:
         data = [Datum(torch.tensor(d["input_tokens"], dtype=torch.int64),
                       {name: _json_tensor(spec) for name, spec in d["loss_fn_inputs"].items()})
@@ -50,6 +57,8 @@ def train_request(request: dict[str, Any], body: bytes | None = None) -> TrainRe
         data = [Datum(torch.from_numpy(d["input_tokens"].astype(np.int64)),  # [n] int64
                       {name: _array_tensor(spec) for name, spec in d["loss_fn_inputs"].items()})
                 for d in decoded["data"]]
+    if request["loss_fn"] == "custom":  # its config is the loss_id, resolved into `custom_loss` by the caller
+        return TrainRequest(request["model_id"], data, "custom", {}, custom_loss)
     config = {k: float(v) for k, v in (request.get("loss_fn_config") or {}).items()}
     return TrainRequest(request["model_id"], data, request["loss_fn"], config)
 
@@ -58,11 +67,21 @@ def train_requests(database: Engine, futures: Sequence[FutureRow]) -> list[Train
     """The TrainRequests of stored forward / forward_backward rows (FutureRow: id and request are enough), their
     binary bodies loaded in one query: the engine's scan reads metadata only."""
     ids = [f.id for f in futures if "data" not in f.request]
+    loss_ids = sorted({_loss_id(f.request) for f in futures} - {None})
     bodies: dict[str, bytes] = {}
-    if ids:
+    losses: dict[str, CustomLossGraph] = {}
+    if ids or loss_ids:
         with database.connect() as db:
-            bodies = {id_: bytes(body) for id_, body in db.execute(future_queries.REQUEST_BODIES, {"ids": ids})}
-    return [train_request(f.request, bodies.get(f.id)) for f in futures]
+            if ids:
+                bodies = {id_: bytes(body) for id_, body in db.execute(future_queries.REQUEST_BODIES, {"ids": ids})}
+            if loss_ids:  # the API checked each is a completed create_custom_loss of the model's session
+                losses = {id_: custom_loss_graph(id_, request)
+                          for id_, request in db.execute(future_queries.REQUESTS_OF, {"ids": loss_ids})}
+    return [train_request(f.request, bodies.get(f.id), losses.get(_loss_id(f.request))) for f in futures]
+
+
+def _loss_id(request: dict[str, Any]) -> str | None:
+    return (request.get("loss_fn_config") or {}).get("loss_id") if request["loss_fn"] == "custom" else None
 
 
 def train_result(result: TrainResult) -> bytes:
@@ -87,9 +106,9 @@ def optim_params(request: dict[str, Any]) -> OptimParams:
 def sample_request(request: dict[str, Any]) -> SampleRequest:
     p = request["sampling_params"]
     max_tokens = p.get("max_tokens")
-    params = SamplingParams(max_tokens=16 if max_tokens is None else int(max_tokens), temperature=float(p.get("temperature", 1.0)),
-                            top_k=int(p.get("top_k", -1)), top_p=float(p.get("top_p", 1.0)), seed=p.get("seed"),
-                            stop=p.get("stop"))
+    params = SamplingParams(max_tokens=16 if max_tokens is None else int(max_tokens),
+                            temperature=float(p.get("temperature", 1.0)), top_k=int(p.get("top_k", -1)),
+                            top_p=float(p.get("top_p", 1.0)), seed=p.get("seed"), stop=p.get("stop"))
     targets = request.get("target_prompt_logprobs")
     return SampleRequest(request["prompt_tokens"], params, num_samples=int(request.get("num_samples", 1)),
                          weights_id=request.get("weights_id", ""),

@@ -126,7 +126,7 @@ class EngineLoop:
         by_model: dict[str, list[FutureRow]] = defaultdict(list)
         creates, samples = [], []
         for f in pending:
-            if f.request_type == "create_model":
+            if f.request_type in ("create_model", "create_custom_loss"):  # no model queue: run at once
                 creates.append(f)
             elif f.request_type == "sample":
                 samples.append(f)
@@ -141,7 +141,7 @@ class EngineLoop:
         ran += self._run_saves(by_model)  # stores finished saves; starts new ones; a saving model's queue waits
         ran += self._run_unloads(by_model)  # first: a closed session's slots are free for the creates below
         for f in creates:
-            self._run_single(f, self._create_model)
+            self._run_single(f, self._create_model if f.request_type == "create_model" else self._create_custom_loss)
             ran += 1
         if self._decode_credit_s <= 0 or not self._sampling:  # else decoding is owed time: training waits
             started = time.perf_counter()
@@ -346,6 +346,12 @@ class EngineLoop:
         if done:
             self._finish_many(done)
         return len(done)
+
+    def _create_custom_loss(self, f: FutureRow) -> dict[str, Any]:
+        """Rebuilds the graph from the core's allow-list once, so a refused operation fails create_custom_loss (a
+        user error naming the node) rather than every forward_backward that would use it."""
+        self.backend.check_custom_loss(executor.custom_loss_graph(f.id, f.request))
+        return {"loss_id": f.id, "type": "create_custom_loss"}
 
     def _create_model(self, f: FutureRow) -> dict[str, Any]:
         model_id = f.request["model_id"]

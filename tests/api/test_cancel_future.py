@@ -24,22 +24,13 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from sdk_training import datum
+from raw_futures import retrieve
 
 BASE_MODEL = "tiny-qwen3"
 API_KEY = "tml-test"  # any key of the SDK's shape: the server runs with --auth none
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 TIMEOUT_S = 120
 
-
-def retrieve(http: httpx.Client, request_id: str) -> dict[str, Any]:
-    """The future's answer once it is done (each call is one long poll, woken when it finishes)."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        r = http.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert r.status_code == 200, r.text
-        if r.json().get("type") != "try_again":
-            return r.json()
-    raise AssertionError(f"{request_id} did not finish in {TIMEOUT_S} s")
 
 
 def cancel(http: httpx.Client, request_id: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from tinker import types
 
 from sdk_training import token_datum as datum
 from tinker.proto import request_conv
+from raw_futures import retrieve
 
 BASE_MODEL = "tiny-qwen3"
 PROTOBUF = "application/x-protobuf"
@@ -40,15 +40,6 @@ def fb_body(model_id: str, seq_id: int, data: list[types.Datum]) -> bytes:
         model_id=model_id, seq_id=seq_id)
     return request_conv.forward_backward_request_to_proto(request).SerializeToString()
 
-
-def retrieve(http: httpx.Client, request_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        r = http.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert r.status_code == 200, r.text
-        if r.json().get("type") != "try_again":
-            return r.json()
-    raise AssertionError(f"{request_id} did not finish in {TIMEOUT_S} s: the engine waits on a seq_id gap")
 
 
 def stored_row(server_url: Any, future_id: str) -> tuple | None:

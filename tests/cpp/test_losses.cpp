@@ -163,6 +163,19 @@ TEST(LossTest, CispoGradientDoesNotFlowThroughTheRatio) {
   EXPECT_TENSOR_CLOSE(lp.grad(), -clip * in.advantages * in.weights, 1e-5, 1e-6);
 }
 
+TEST(LossTest, CustomRowsBackpropagateTheirGraphsGradient) {
+  // A custom-loss token carries g = dC/dlp (the micro-batch runner's pre-pass): its loss is g·lp, so d/dlp is g.
+  LossInputs in = random_inputs(LossKind::kCrossEntropy, 11);
+  const int64_t n = in.kind.numel();
+  in.kind = at::full({n}, static_cast<int64_t>(LossKind::kCustom), at::kLong);
+  in.custom_grad = at::randn({n}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor lp = random_lp(in, 12).requires_grad_(true);
+  at::Tensor loss = elementwise_loss(lp, in);
+  EXPECT_TENSOR_CLOSE(loss, at::where(in.valid, lp * in.custom_grad, at::zeros_like(lp)), 1e-6, 1e-6);
+  loss.sum().backward();
+  EXPECT_TENSOR_CLOSE(lp.grad(), at::where(in.valid, in.custom_grad, at::zeros_like(lp)), 1e-6, 1e-6);
+}
+
 TEST(LossTest, ParseLossKindNamesEveryLoss) {
   EXPECT_EQ(parse_loss_kind("cross_entropy"), LossKind::kCrossEntropy);
   EXPECT_EQ(parse_loss_kind("importance_sampling"), LossKind::kImportanceSampling);
@@ -171,7 +184,7 @@ TEST(LossTest, ParseLossKindNamesEveryLoss) {
   EXPECT_EQ(parse_loss_kind("dro"), LossKind::kDro);
   EXPECT_EQ(parse_loss_kind("gspo"), LossKind::kGspo);
   EXPECT_EQ(parse_loss_kind("stable_reinforce"), LossKind::kStableReinforce);
-  EXPECT_THROW(parse_loss_kind("custom"), InvalidArgument);  // the SDK's client-side label, never a server loss
+  EXPECT_EQ(parse_loss_kind("custom"), LossKind::kCustom);  // a create_custom_loss graph (loss/custom_loss.h)
   for (LossKind kind : kAllKinds) EXPECT_EQ(parse_loss_kind(loss_name(kind)), kind);
   EXPECT_THROW(parse_loss_kind("grpo"), InvalidArgument);
   EXPECT_THROW(parse_loss_kind(""), InvalidArgument);

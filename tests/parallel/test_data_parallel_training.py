@@ -1,6 +1,6 @@
 """Data-parallel forward_backward on real processes (Gloo): every rank computes its share of the rows (split by
-tokens) and ends with the results and weights of one process — LoRA tenants and a full fine-tune in one batch,
-ragged batches whose row count is no multiple of the rank count, three AdamW steps."""
+tokens) and ends with the results and weights of one process — LoRA tenants (one on a custom loss) and a full
+fine-tune in one batch, ragged batches whose row count is no multiple of the rank count, three AdamW steps."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ MODELS = ("a", "b", "full")
 LENGTHS = [{"a": [11, 4, 7], "b": [9, 3], "full": [6, 5]},
            {"a": [5], "b": [12, 2, 8, 6], "full": [10, 3]},
            {"a": [8, 8, 3], "b": [4], "full": [7, 9, 2]}]
+
+
+def weighted_nll(logprobs, weights):  # model "a" trains on it as a create_custom_loss graph
+    loss = -(logprobs * weights).sum()
+    return loss, {"custom/nll:sum": loss, "custom/tokens:mean": logprobs.shape[0] * (weights > 0).float().mean()}
+
+
+def _custom_loss_graph() -> Any:
+    from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
+
+    from skyrl_tx.types import CustomLossGraph
+
+    handle = trace_loss(weighted_nll, {"logprobs": 1, "weights": 1}, "session")
+    return CustomLossGraph("loss-a", handle.name, tuple(i.name for i in handle.inputs),
+                           tuple(i.rank for i in handle.inputs), encode_graph(handle).model_dump()["nodes"])
 
 
 def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
@@ -44,12 +59,15 @@ def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
         for i, model_id in enumerate(MODELS):  # built before the group: forward here is one process's
             seqs = random_sequences(vocab, lengths[model_id], 100 * step + 10 * i)
             loss_fn = "ppo" if model_id == "b" else "cross_entropy"
-            requests.append(TrainRequest(model_id, make_datums(loss_fn, seqs, our_logprobs(backend, model_id, seqs),
-                                                               100 * step + 10 * i + 1), loss_fn))
+            datums = make_datums(loss_fn, seqs, our_logprobs(backend, model_id, seqs), 100 * step + 10 * i + 1)
+            if model_id == "a":
+                requests.append(TrainRequest(model_id, datums, "custom", custom_loss=_custom_loss_graph()))
+            else:
+                requests.append(TrainRequest(model_id, datums, loss_fn))
         if step == 0 and world > 1:
             backend.attach_collectives(join_group(RankAddress(f"127.0.0.1:{port}", rank, world), timeout_s=60))
         results = backend.forward_backward(requests)
-        steps.append([{"loss": r.metrics["loss:sum"],
+        steps.append([{"metrics": dict(r.metrics),
                        "outputs": [{k: torch.as_tensor(v).numpy().copy() for k, v in out.items()}
                                    for out in r.loss_fn_outputs]} for r in results])
         for model_id in MODELS:
@@ -95,7 +113,8 @@ def test_data_parallel_equals_one_process(tiny_model_dir, world: int) -> None:
         assert isinstance(got, dict), f"rank {rank}:\n{got}"
         for step, (ours, ref) in enumerate(zip(got["steps"], single["steps"])):
             for r, (o, e) in enumerate(zip(ours, ref)):
-                assert o["loss"] == pytest.approx(e["loss"], rel=1e-6, abs=1e-6), (rank, step, r)
+                assert o["metrics"] == pytest.approx(e["metrics"], rel=1e-6, abs=1e-6), (rank, step, r)
+                assert ("custom/nll:sum" in o["metrics"]) == (r == 0), o["metrics"]  # model "a": the custom loss
                 assert len(o["outputs"]) == len(e["outputs"])
                 for d, (od, ed) in enumerate(zip(o["outputs"], e["outputs"])):
                     assert_dicts_close(tensors(od), tensors(ed), atol=1e-6, what=f"rank {rank} step {step} request {r} datum {d}")

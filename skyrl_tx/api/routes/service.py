@@ -53,9 +53,9 @@ class SessionRef(BaseModel):
 def client_config() -> dict[str, Any]:
     # zstd-compressed protobuf forward_backward bodies; samples wait on one retrieve_futures poll per sampling
     # client (routes/futures_batch.py); copies of a sampling client get their number from the server
-    # (routes/sampling_clients.py); server-side custom losses stay off.
+    # (routes/sampling_clients.py); custom losses run on the server, in one pass (routes/custom_losses.py).
     return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": True,
-            "custom_loss_server_side": False, "sample_join_sampling_session": True}
+            "custom_loss_server_side": True, "sample_join_sampling_session": True}
 
 
 @router.post("/client/dynamic_config")

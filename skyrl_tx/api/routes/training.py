@@ -6,13 +6,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, model_optimizer, optim_job, optimizer_kind, stored_optimizer
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_live_model, owned_session,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.routes.custom_losses import check_custom_loss_config
 from skyrl_tx.api.submit import consumes_seq_id, record_unusable_body, submit_future
 from skyrl_tx.api.validation import (check_datums, check_finite_mapping, check_json_finite,
                                      check_model_seq_id, check_seed, check_seq_id)
@@ -124,10 +125,15 @@ async def forward_backward(request: Request, who: CallerDep) -> dict[str, str]:
         require_owned_model(db, model_id, who)
         check_inflight(db, who)  # outside consumes_seq_id: the SDK retries a 429 with the same seq_id
         with consumes_seq_id(request, db, model_id=model_id, seq_id=seq_id, request_type=kind):
-            if decoded["loss_fn"] not in LOSS_FUNCTIONS:
-                raise InvalidArgumentError(f"{kind}: loss_fn {decoded['loss_fn']!r} is not supported; use one "
-                                           f"of {', '.join(LOSS_FUNCTIONS)}")
-            check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
+            if decoded["loss_fn"] == "custom":  # a graph from create_custom_loss, run in this pass
+                session_id = db.execute(select(ModelRecord.session_id).where(ModelRecord.id == model_id)).scalar_one()
+                check_custom_loss_config(db, decoded["loss_fn_config"], session_id, kind)
+            else:
+                if decoded["loss_fn"] not in LOSS_FUNCTIONS:
+                    raise InvalidArgumentError(f"{kind}: loss_fn {decoded['loss_fn']!r} is not supported; use one "
+                                               f"of {', '.join(LOSS_FUNCTIONS)}, or 'custom' with a loss from "
+                                               "ServiceClient.create_custom_loss")
+                check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
             check_datums(decoded["data"], request.app.state.max_positions, kind)
         # The datums stay in the SDK's protobuf, stored (and hashed) as bytes; the JSON holds the metadata.
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
