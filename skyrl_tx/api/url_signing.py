@@ -23,13 +23,15 @@ SECRET_FILE = "url_signing_secret"  # in the data directory
 MIN_SECRET_CHARS = 16
 
 
-def signature(secret: bytes, checkpoint: int, file: str, expires: int) -> str:
-    return hmac.new(secret, f"{checkpoint}/{file}/{expires}".encode(), hashlib.sha256).hexdigest()
+def signature(secret: bytes, checkpoint: int, file: str, expires: int, key_id: str) -> str:
+    """Signs the file, the expiry and the API key the URL was issued to ("" without keys): the download checks that
+    key is still valid, so a revoked key's URLs stop working at once rather than when they expire."""
+    return hmac.new(secret, f"{checkpoint}/{file}/{expires}/{key_id}".encode(), hashlib.sha256).hexdigest()
 
 
-def signature_matches(secret: bytes, checkpoint: int, file: str, expires: int, sig: str) -> bool:
+def signature_matches(secret: bytes, checkpoint: int, file: str, expires: int, key_id: str, sig: str) -> bool:
     # compare_digest takes ASCII strings only: any other character cannot be part of a hex signature anyway
-    return sig.isascii() and hmac.compare_digest(signature(secret, checkpoint, file, expires), sig)
+    return sig.isascii() and hmac.compare_digest(signature(secret, checkpoint, file, expires, key_id), sig)
 
 
 def check_secret(secret: str, source: str) -> None:

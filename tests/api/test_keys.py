@@ -80,12 +80,18 @@ def test_a_revoked_key_fails_its_next_call_with_401_and_its_models_unload(server
     try:
         training = client.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
         training.forward_backward([datum(0)], "cross_entropy").result()
+        saved = training.save_weights_external("leaver-ckpt").result().path
+        url = next(iter(client.create_rest_client().get_external_weights_urls(saved).result().urls.values()))
+        assert httpx.get(url, timeout=60).status_code == 200
         revoke_key(server_url.database_url, "leaver")  # what `skyrl-tx keys revoke leaver` does
         time.sleep(1.5)  # the server re-reads a key at least once a second
         assert status_of(lambda: training.forward_backward([datum(1)], "cross_entropy").result()) == 401
         with http(server_url, server_url.keys["leaver"]) as raw:
             response = raw.post("/api/v1/get_info", json={"model_id": training.model_id})
             assert response.status_code == 401 and "was revoked" in response.json()["message"]
+        # The download URLs it was given stop working too, before they expire.
+        download = httpx.get(url, timeout=60)
+        assert download.status_code == 404 and "was revoked" in download.json()["message"], download.text
         # Its heartbeats are refused too: the session times out and the engine unloads its model.
         deadline = time.monotonic() + SESSION_TIMEOUT_S + 45
         while _model_status(server_url, training.model_id) != "unloaded":

@@ -133,13 +133,20 @@ def test_a_published_checkpoint_is_readable_by_every_key_and_writable_only_by_it
         loaded.forward_backward([datum(3)], "cross_entropy").result()
         bob_sampler = bob.create_sampling_client(model_path=sampler_path).result()
         assert len(bob_sampler.sample(PROMPT, 1, PARAMS).result().sequences) == 1
-        assert bob_rest.get_external_weights_urls(alice["external"]).result().urls
+        bob_urls = bob_rest.get_external_weights_urls(alice["external"]).result().urls
+        bob_url = next(iter(bob_urls.values()))
+        assert httpx.get(bob_url, timeout=60).status_code == 200
         assert bob_rest.get_weights_info_by_tinker_path(weights).result().lora_rank == 4
         # Readable is not writable: Bob cannot delete, expire or unpublish it, nor list Alice's run.
         assert status_of(lambda: bob_rest.delete_checkpoint_from_tinker_path(weights).result()) == 404
         assert status_of(lambda: bob_rest.set_checkpoint_ttl_from_tinker_path(weights, 7200).result()) == 404
         assert status_of(lambda: bob_rest.unpublish_checkpoint_from_tinker_path(weights).result()) == 404
         assert status_of(lambda: bob_rest.list_checkpoints(alice["model_id"]).result()) == 404
+        # Unpublished again, the URLs Bob was given stop working before they expire; Alice's own still work.
+        alice_rest.unpublish_checkpoint_from_tinker_path(alice["external"]).result()
+        assert httpx.get(bob_url, timeout=60).status_code == 404
+        alice_url = next(iter(alice_rest.get_external_weights_urls(alice["external"]).result().urls.values()))
+        assert httpx.get(alice_url, timeout=60).status_code == 200
     finally:
         alice_rest.unpublish_checkpoint_from_tinker_path(weights).result()
         alice_rest.unpublish_checkpoint_from_tinker_path(sampler_path).result()

@@ -88,8 +88,8 @@ def test_storage_options_and_signing_secret_stay_off_command_lines(tmp_path: Pat
             parsed = urllib.parse.urlsplit(signed)
             query = dict(urllib.parse.parse_qsl(parsed.query))
             checkpoint = parsed.path.split("/")[4]  # /api/v1/checkpoint_files/<id>/<file>
-            expected = hmac.new(signing_secret.encode(), f"{checkpoint}/{file}/{query['expires']}".encode(),
-                                hashlib.sha256).hexdigest()
+            signed_fields = f"{checkpoint}/{file}/{query['expires']}/{query.get('key', '')}"  # key "": --auth none
+            expected = hmac.new(signing_secret.encode(), signed_fields.encode(), hashlib.sha256).hexdigest()
             assert query["sig"] == expected
             assert fetch(signed)
 

@@ -19,7 +19,7 @@ from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.api.url_signing import signature, signature_matches
 from skyrl_tx.api.validation import INT64_MAX
 from skyrl_tx.checkpoints.paths import TinkerPath
-from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord
+from skyrl_tx.db.models import ApiKeyRecord, CheckpointRecord, CheckpointStatus, ModelRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -156,22 +156,32 @@ def external_weights_urls(run_id: str, kind: str, name: str, request: Request, d
     expires = int(time.time()) + URL_LIFETIME_S
     secret = request.app.state.download_secret  # api/url_signing.py: survives restarts
     base = request.app.state.settings.public_base_url()  # never the request's Host header: a client could set it
-    urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&"
-                  f"sig={signature(secret, row.id, file, expires)}"
+    key_id = who.key_id or ""  # the download checks this key is still valid and still reads the checkpoint
+    urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&key={key_id}&"
+                  f"sig={signature(secret, row.id, file, expires, key_id)}"
             for file in request.app.state.store.files(row.storage_uri)}
     return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
 
 
 @router.get("/checkpoint_files/{checkpoint}/{file:path}")
 def download_checkpoint_file(checkpoint: int, file: str, expires: int, sig: str, request: Request,
-                             db: DbDep) -> StreamingResponse:
-    """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory."""
-    if not signature_matches(request.app.state.download_secret, checkpoint, file, expires, sig) \
+                             db: DbDep, key: str = "") -> StreamingResponse:
+    """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory. The URL carries no
+    credential but its signature, so the key it was issued to is checked here: revoked, or no longer able to read the
+    checkpoint (unpublished by its owner), and the URL stops working before it expires."""
+    if not signature_matches(request.app.state.download_secret, checkpoint, file, expires, key, sig) \
             or expires < time.time():
         raise InvalidArgumentError("download: the URL's signature is invalid or expired; request new URLs")
     row = db.get(CheckpointRecord, checkpoint)
     if row is None or row.status != CheckpointStatus.READY.value:
         raise NotFoundError("download: the checkpoint was deleted")
+    if key:
+        issued_to = db.get(ApiKeyRecord, key)
+        if issued_to is None or issued_to.revoked_at is not None:
+            raise NotFoundError("download: the API key these URLs were issued to was revoked; request new URLs with "
+                                "a valid key")
+        who = Principal(issued_to.id, issued_to.name, issued_to.admin)
+        readable_checkpoint(db, TinkerPath.parse(row.tinker_path, "download"), who, "download")
     store = request.app.state.store
     size = store.files(row.storage_uri).get(file)
     if size is None:
