@@ -1,4 +1,5 @@
-"""The Tinker README's Pig Latin quickstart, unchanged but for the base model: SFT with LoRA, then sampling.
+"""The Tinker README's Pig Latin quickstart, unchanged but for the base model (and an optional SEED for the LoRA
+initialisation, which tests set so that a run is reproducible): SFT with LoRA, then sampling.
 
 Run a server first (`uv run -m skyrl_tx.api --base-model tiny-qwen3`), then:
     TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python examples/quickstart_pig_latin.py
@@ -15,9 +16,10 @@ from tinker import types
 BASE_MODEL = os.environ.get("BASE_MODEL", "tiny-qwen3")
 STEPS = int(os.environ.get("STEPS", "6"))
 LEARNING_RATE = float(os.environ.get("LEARNING_RATE", "1e-4"))
+SEED = int(os.environ["SEED"]) if "SEED" in os.environ else None
 
 service_client = tinker.ServiceClient()
-training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8)
+training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=SEED)
 tokenizer = training_client.get_tokenizer()
 
 examples = [

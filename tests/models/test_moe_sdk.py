@@ -45,7 +45,8 @@ def run_example(server: ServerUrl, preset_cache: Path, script: str, **env: str) 
 
 
 def test_quickstart_trains_and_samples(server: ServerUrl, preset_cache: Path) -> None:
-    out = run_example(server, preset_cache, "quickstart_pig_latin.py", STEPS="6", LEARNING_RATE="5e-3")
+    # A fixed LoRA seed: at this learning rate an unlucky random initialisation can spike on the last step.
+    out = run_example(server, preset_cache, "quickstart_pig_latin.py", STEPS="6", LEARNING_RATE="5e-3", SEED="7")
     losses = [float(x) for x in re.findall(r"^step \d+: loss per token (\S+)$", out, re.M)]
     assert len(losses) == 6 and all(x == x and x > 0 for x in losses), out
     assert losses[-1] < losses[0], f"loss did not fall: {losses}"
