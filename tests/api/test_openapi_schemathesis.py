@@ -53,7 +53,7 @@ def test_docs_and_schema_load(sqlite_server: ServerUrl) -> None:
     assert set(retrieve) == {"application/json", "application/x-protobuf"}
 
 
-def test_schemathesis_finds_no_server_error_and_no_schema_violation(sqlite_server: ServerUrl) -> None:
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(sqlite_server: ServerUrl, tmp_path: Path) -> None:
     args = [sys.executable, "-c", SCHEMATHESIS, "run", f"{sqlite_server}/openapi.json", "--checks", CHECKS,
             "--phases", "examples,coverage,fuzzing", "--max-examples", str(MAX_EXAMPLES),
             "--generation-deterministic", "--workers", "1",  # the same cases every run
@@ -63,7 +63,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(sqlite_serve
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env,
+                          cwd=tmp_path)  # its working files (.schemathesis/) stay out of the checkout
     took = time.monotonic() - started
     output = proc.stdout[-20000:] + proc.stderr[-5000:]
     assert proc.returncode == 0, f"schemathesis found problems ({took:.0f} s):\n{output}"
