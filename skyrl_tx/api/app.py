@@ -16,9 +16,11 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from skyrl_tx import __version__
 from skyrl_tx.api.auth import install_auth
 from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.metrics import Metrics
+from skyrl_tx.api.openapi import install_openapi
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
 from skyrl_tx.api.routes import checkpoints, custom_losses, futures, futures_batch, sampling, sampling_clients, service
@@ -186,7 +188,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
         runner.stop()
         engine.dispose()
 
-    app = FastAPI(title="skyrl_tx", lifespan=lifespan)
+    app = FastAPI(title="skyrl_tx", version=__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.database = engine  # Core connections for the futures hot path (api/deps.py in_db)
@@ -209,4 +211,5 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
                    weight_copies.router, training_runs.router, openai_compat.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
+    install_openapi(app)
     return app

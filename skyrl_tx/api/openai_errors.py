@@ -8,6 +8,10 @@ from fastapi.responses import JSONResponse
 
 from skyrl_tx.errors import ErrorCode, SkyrlTxError
 
+# Where the OpenAI-compatible routes live (routes/openai_compat.py): every refusal there is OpenAI-shaped.
+PREFIXES = ("/oai/api/v1", "/v1")
+OPENAI_PREFIXES = tuple(f"{prefix}/" for prefix in PREFIXES)
+
 # OpenAI's error `type` per HTTP status (the openai client maps the status to its exception class).
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",

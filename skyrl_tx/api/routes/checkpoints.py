@@ -13,6 +13,7 @@ from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, optimizer_kind, stored_op
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_session, readable_checkpoint,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import BODY_ERRORS, ModelFuture, WeightsInfoResponse, errors
 from skyrl_tx.api.submit import consumes_seq_id, submit_future
 from skyrl_tx.api.validation import check_json_finite, check_model_seq_id, check_seq_id
 from skyrl_tx.checkpoints.formats import ModelMeta
@@ -20,7 +21,8 @@ from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
 from skyrl_tx.db.models import CheckpointRecord, ModelRecord
 from skyrl_tx.errors import InvalidArgumentError
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1", responses=BODY_ERRORS)
+SUBMIT_ERRORS = errors(404, 409, 429)
 
 MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600  # the SDK's documented range
 
@@ -60,7 +62,7 @@ def check_ttl(ttl_seconds: int | None, what: str) -> None:
 
 
 def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: str, request_type: str,
-                who: Principal) -> dict:
+                who: Principal) -> ModelFuture:
     check_seq_id(body.seq_id, request_type)
     require_owned_model(db, body.model_id, who)
     check_inflight(db, who)
@@ -71,16 +73,16 @@ def submit_save(request: Request, db: Session, body: SaveWeightsRequest, kind: s
            "overwrite": body.overwrite, "ttl_seconds": body.ttl_seconds, "user_metadata": body.user_metadata}
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type=request_type,
                               body=job, model_id=body.model_id, seq_id=body.seq_id)
-    return {"request_id": future_id, "model_id": body.model_id}
+    return ModelFuture(request_id=future_id, model_id=body.model_id)
 
 
-@router.post("/save_weights")
-def save_weights(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+@router.post("/save_weights", responses=SUBMIT_ERRORS)
+def save_weights(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> ModelFuture:
     return submit_save(request, db, body, "weights", "save_weights", who)
 
 
-@router.post("/save_weights_external")
-def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+@router.post("/save_weights_external", responses=SUBMIT_ERRORS)
+def save_weights_external(body: SaveWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> ModelFuture:
     return submit_save(request, db, body, "external_weights", "save_weights_external", who)
 
 
@@ -98,9 +100,9 @@ def _training_checkpoint(db: Session, raw_path: str, who: Principal) -> tuple[Ti
     return path, checkpoint_meta(db, path, who, "load_weights")[1]
 
 
-@router.post("/load_weights")
+@router.post("/load_weights", responses=SUBMIT_ERRORS)
 def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep,
-                 who: CallerDep) -> dict[str, str]:
+                 who: CallerDep) -> ModelFuture:
     if body.session_id is None:  # legacy addressing: an existing model
         if body.model_id is None or body.seq_id is None:
             raise InvalidArgumentError("load_weights: give session_id + model_seq_id (new model) or model_id + seq_id")
@@ -113,7 +115,7 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
         job: dict[str, Any] = {"path": str(path), "optimizer": body.optimizer}
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}", request_type="load_weights",
                                   body={"model_id": body.model_id, **job}, model_id=body.model_id, seq_id=body.seq_id)
-        return {"request_id": future_id, "model_id": body.model_id}
+        return ModelFuture(request_id=future_id, model_id=body.model_id)
     check_model_seq_id(body.model_seq_id or 0, "load_weights")
     check_json_finite(body.user_metadata, "user_metadata", "load_weights")
     path, meta = _training_checkpoint(db, body.path, who)
@@ -143,16 +145,17 @@ def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings
               **({"optimizer": optimizer} if optimizer != "adamw" else {})}
     future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=create,
                               session_id=body.session_id, extra_rows=(record,) if record else ())
-    return {"request_id": future_id, "model_id": model_id}
+    return ModelFuture(request_id=future_id, model_id=model_id)
 
 
-@router.post("/weights_info")
-def weights_info(body: WeightsInfoRequest, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/weights_info", responses=errors(404))
+def weights_info(body: WeightsInfoRequest, db: DbDep, who: CallerDep) -> WeightsInfoResponse:
     path = TinkerPath.parse(body.tinker_path, "weights_info: tinker_path")
     _, meta = checkpoint_meta(db, path, who, "weights_info")
-    return {"base_model": meta.base_model, "is_lora": meta.is_lora, "lora_rank": meta.lora_rank or None,
-            "train_unembed": meta.train_unembed, "train_mlp": meta.train_mlp, "train_attn": meta.train_attn,
-            "optimizer_config": OPTIMIZER_CONFIGS.get(meta.optimizer, {"type": meta.optimizer})}
+    return WeightsInfoResponse.model_validate(
+        {"base_model": meta.base_model, "is_lora": meta.is_lora, "lora_rank": meta.lora_rank or None,
+         "train_unembed": meta.train_unembed, "train_mlp": meta.train_mlp, "train_attn": meta.train_attn,
+         "optimizer_config": OPTIMIZER_CONFIGS.get(meta.optimizer, {"type": meta.optimizer})})
 
 
 def load_optimizer(body: LoadWeightsRequest, meta: ModelMeta) -> str:

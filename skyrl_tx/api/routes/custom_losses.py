@@ -15,6 +15,7 @@ from sqlalchemy import Connection, select
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.ownership import owned_session
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.responses import BODY_ERRORS, RequestFuture, errors
 from skyrl_tx.api.submit import submit_future
 from skyrl_tx.api.validation import check_model_seq_id
 from skyrl_tx.db.models import FutureRecord, FutureStatus
@@ -94,8 +95,8 @@ def _check_graph(body: CreateCustomLossBody) -> None:
                                            "custom/<name>:mean in lowercase")
 
 
-@router.post("/create_custom_loss")
-def create_custom_loss(body: CreateCustomLossBody, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+@router.post("/create_custom_loss", responses={**BODY_ERRORS, **errors(404, 409)})
+def create_custom_loss(body: CreateCustomLossBody, request: Request, db: DbDep, who: CallerDep) -> RequestFuture:
     owned_session(db, body.session_id, who, f"create_custom_loss: session {body.session_id!r} not found; create "
                   "one with create_session")
     check_model_seq_id(body.custom_loss_seq_id, "create_custom_loss", "custom_loss_seq_id")
@@ -104,7 +105,7 @@ def create_custom_loss(body: CreateCustomLossBody, request: Request, db: DbDep, 
            "nodes": [node.model_dump() for node in body.graph.nodes]}
     future_id = submit_future(request, db, future_id=f"{body.session_id}:loss:{body.custom_loss_seq_id}",
                               request_type="create_custom_loss", body=job, session_id=body.session_id)
-    return {"request_id": future_id}
+    return RequestFuture(request_id=future_id)
 
 
 def check_custom_loss_config(db: Connection, config: dict[str, Any], session_id: str, what: str) -> str:

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from skyrl_tx.api.ownership import OWNED_OUTCOME, OWNED_REQUEST
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import (BODY_ERRORS, CancelFutureResponse, ForwardBackwardResult, RequestFailed, TryAgain,
+                                     errors)
 from skyrl_tx.db import future_queries
 from skyrl_tx.db.future_queries import RESULT_IN_DATABASE, FutureOutcome
 from skyrl_tx.db.models import FutureStatus
@@ -109,7 +111,17 @@ def _render(future: FutureOutcome, accept: str) -> Response:
     return JSONResponse(result)
 
 
-@router.post("/retrieve_future")
+# What retrieve_future answers: a try_again, the failure, or the request's result (JSON, or protobuf where the client
+# accepts application/x-protobuf for a forward / forward_backward / sample result). Results other than
+# forward_backward's are the engine's JSON per request type (the SDK's response types), described as an object.
+RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {**BODY_ERRORS, **errors(404), 200: {
+    "description": "try_again (poll again), the request's failure, or its result",
+    "model": TryAgain | RequestFailed | ForwardBackwardResult | dict[str, Any],
+    "content": {PROTOBUF: {"schema": {"type": "string", "format": "binary", "description":
+                                      "a tinker ForwardBackwardOutput or SampleResponse protobuf"}}}}}
+
+
+@router.post("/retrieve_future", response_model=None, responses=RETRIEVE_RESPONSES)
 async def retrieve_future(body: RetrieveFutureRequest, request: Request, who: CallerDep) -> Response:
     waiters = request.app.state.waiters
     settings = request.app.state.settings
@@ -171,12 +183,12 @@ def _cancel(request: Request, future_id: str, who: Principal) -> tuple[dict[str,
     return {"request_id": future_id, "cancelled": False, "status": status, "message": message}, None
 
 
-@router.post("/cancel_future")
-async def cancel_future(body: CancelFutureRequest, request: Request, who: CallerDep) -> dict[str, Any]:
+@router.post("/cancel_future", responses={**BODY_ERRORS, **errors(404, 409)})
+async def cancel_future(body: CancelFutureRequest, request: Request, who: CallerDep) -> CancelFutureResponse:
     """SDK 0.38 sends this for a sample it stopped waiting for (when the dynamic config sets sample_cancel_enabled).
     A request still pending fails with a "cancelled" user error and never runs; one running or done is left be."""
     answer, outcome = await asyncio.to_thread(_cancel, request, body.request_id, who)
     if outcome is not None:
         request.app.state.waiters.deliver([outcome])  # its retrieve_future / retrieve_futures polls answer at once
         request.app.state.wake_engine()  # a model's later requests may have waited for this seq_id
-    return answer
+    return CancelFutureResponse.model_validate(answer)

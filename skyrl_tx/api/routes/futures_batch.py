@@ -7,13 +7,14 @@ result with retrieve_future as before. Completions are numbered and read in db/c
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_tx.api.ownership import owned_sampler
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import BODY_ERRORS, FutureCompletion, FuturesRetrieveResponse, errors
 from skyrl_tx.api.routes.futures import EXTERNAL_RECHECK_S, RECHECK_S
 from skyrl_tx.api.validation import INT64_MAX, check_finite, check_int_range
 from skyrl_tx.db.completion_queues import CLONE_SEQ_BLOCK, Completion, completions_since, queue_name
@@ -55,10 +56,10 @@ def _check(body: RetrieveFuturesRequest) -> None:
                                    f"most {MAX_RETRIEVED_IDS} are taken per call; report the rest on the next poll")
 
 
-def _render(completions: list[Completion]) -> list[dict[str, Any]]:
+def _render(completions: list[Completion]) -> list[FutureCompletion]:
     # No response_payload_uncompressed_size: the SDK then fetches the result as it does without this poll.
-    return [{"state": "failed" if c.status == FutureStatus.FAILED.value else "finished", "request_id": c.request_id}
-            for c in completions]
+    return [FutureCompletion(state="failed" if c.status == FutureStatus.FAILED.value else "finished",
+                             request_id=c.request_id) for c in completions]
 
 
 def _first_read(request: Request, body: RetrieveFuturesRequest, queue: str,
@@ -71,8 +72,9 @@ def _first_read(request: Request, body: RetrieveFuturesRequest, queue: str,
     return completions_since(database, queue, body.prev_cursor, MAX_COMPLETIONS_PER_POLL)
 
 
-@router.post("/retrieve_futures")
-async def retrieve_futures(body: RetrieveFuturesRequest, request: Request, who: CallerDep) -> dict[str, Any]:
+@router.post("/retrieve_futures", responses={**BODY_ERRORS, **errors(404)})
+async def retrieve_futures(body: RetrieveFuturesRequest, request: Request,
+                           who: CallerDep) -> FuturesRetrieveResponse:
     _check(body)
     settings = request.app.state.settings
     database = request.app.state.database
@@ -97,6 +99,6 @@ async def retrieve_futures(body: RetrieveFuturesRequest, request: Request, who: 
             waiter.event.clear()
             completions, cursor = await asyncio.to_thread(completions_since, database, queue, body.prev_cursor,
                                                           MAX_COMPLETIONS_PER_POLL)
-        return {"completions": _render(completions), "cursor": cursor}
+        return FuturesRetrieveResponse(completions=_render(completions), cursor=cursor)
     finally:
         waiters.unregister_queue(queue, waiter)

@@ -20,8 +20,9 @@ from fastapi.responses import StreamingResponse
 
 from skyrl_tx.api import openai_render as render
 from skyrl_tx.api.json_response import FiniteJSONResponse
-from skyrl_tx.api.openai_errors import OpenAIError, error_json, from_skyrl, invalid
+from skyrl_tx.api.openai_errors import PREFIXES, OpenAIError, error_json, from_skyrl, invalid
 from skyrl_tx.api.openai_live import live_sse
+from skyrl_tx.api import openai_responses as documented
 from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkpoints
 from skyrl_tx.api.openai_schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
                                          prompts_of)
@@ -29,7 +30,6 @@ from skyrl_tx.api.openai_text import ModelText
 from skyrl_tx.api.principal import caller
 from skyrl_tx.errors import SkyrlTxError
 
-PREFIXES = ("/oai/api/v1", "/v1")
 router = APIRouter()
 
 
@@ -184,7 +184,11 @@ async def model(request: Request) -> Response:
 
 
 for _prefix in PREFIXES:
-    router.add_api_route(f"{_prefix}/completions", completions, methods=["POST"])
-    router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"])
-    router.add_api_route(f"{_prefix}/models", models, methods=["GET"])
-    router.add_api_route(f"{_prefix}/models/{{model:path}}", model, methods=["GET"])
+    # The routes parse their own bodies (for OpenAI-shaped errors); openai_responses.py says what they take and answer.
+    router.add_api_route(f"{_prefix}/completions", completions, methods=["POST"], response_model=None,
+                         **documented.COMPLETIONS)
+    router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"], response_model=None,
+                         **documented.CHAT_COMPLETIONS)
+    router.add_api_route(f"{_prefix}/models", models, methods=["GET"], response_model=None, **documented.MODELS)
+    router.add_api_route(f"{_prefix}/models/{{model:path}}", model, methods=["GET"], response_model=None,
+                         **documented.MODEL)

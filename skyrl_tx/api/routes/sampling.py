@@ -11,6 +11,8 @@ from sqlalchemy import Connection
 from skyrl_tx.api.deps import DbDep, SettingsDep, in_db
 from skyrl_tx.api.ownership import check_inflight, owned_live_model, owned_sampler, owned_session, readable_checkpoint
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.responses import (BODY_ERRORS, COMMON_ERRORS, CreateSamplingSessionResponse, GetSamplerResponse,
+                                     ModelFuture, SampleFuture, errors)
 from skyrl_tx.api.sample_fields import sample_field_job
 from skyrl_tx.api.submit import consumes_seq_id, submit_future
 from skyrl_tx.api.validation import check_model_seq_id, check_sample_request, check_sampling_params, check_seq_id
@@ -91,9 +93,9 @@ def _check_kind(body: SaveForSamplerRequest, what: str) -> None:
                                    "long as its training model); leave it out")
 
 
-@router.post("/save_weights_for_sampler")
+@router.post("/save_weights_for_sampler", responses={**BODY_ERRORS, **errors(404, 409, 429)})
 def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: DbDep,
-                             who: CallerDep) -> dict[str, str]:
+                             who: CallerDep) -> ModelFuture:
     what = "save_weights_for_sampler"
     check_seq_id(body.seq_id, what)
     model = owned_live_model(db, body.model_id, who)
@@ -115,17 +117,17 @@ def save_weights_for_sampler(body: SaveForSamplerRequest, request: Request, db: 
     future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                               request_type="save_weights_for_sampler", body=job, model_id=body.model_id,
                               seq_id=body.seq_id)
-    return {"request_id": future_id, "model_id": body.model_id}
+    return ModelFuture(request_id=future_id, model_id=body.model_id)
 
 
-@router.post("/create_sampling_session")
+@router.post("/create_sampling_session", responses={**BODY_ERRORS, **errors(404)})
 def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, settings: SettingsDep,
-                            who: CallerDep) -> dict[str, str]:
+                            who: CallerDep) -> CreateSamplingSessionResponse:
     owned_session(db, body.session_id, who, f"create_sampling_session: session {body.session_id!r} not found")
     check_model_seq_id(body.sampling_session_seq_id, "create_sampling_session", "sampling_session_seq_id")
     sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
     if db.get(SamplingSessionRecord, sampler_id) is not None:  # a retry
-        return {"sampling_session_id": sampler_id}
+        return CreateSamplingSessionResponse(sampling_session_id=sampler_id)
     snapshot_id, model_id, base_model = None, None, body.base_model or settings.base_model
     if body.model_path:
         path = TinkerPath.parse(body.model_path, "create_sampling_session: model_path")
@@ -140,18 +142,18 @@ def create_sampling_session(body: CreateSamplingSessionRequest, db: DbDep, setti
     db.add(SamplingSessionRecord(id=sampler_id, session_id=body.session_id, base_model=base_model,
                                  model_path=body.model_path, model_id=model_id, snapshot_id=snapshot_id))
     db.commit()
-    return {"sampling_session_id": sampler_id}
+    return CreateSamplingSessionResponse(sampling_session_id=sampler_id)
 
 
-@router.get("/samplers/{sampler_id:path}")
-def get_sampler(sampler_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.get("/samplers/{sampler_id:path}", responses={**COMMON_ERRORS, **errors(404)})
+def get_sampler(sampler_id: str, db: DbDep, who: CallerDep) -> GetSamplerResponse:
     owned_sampler(db, sampler_id, who, f"sampler {sampler_id!r} not found")
     sampler = db.get(SamplingSessionRecord, sampler_id)
-    return {"sampler_id": sampler.id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+    return GetSamplerResponse(sampler_id=sampler.id, base_model=sampler.base_model, model_path=sampler.model_path)
 
 
-@router.post("/asample")
-async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[str, Any]:
+@router.post("/asample", responses={**BODY_ERRORS, **errors(404, 409, 429)})
+async def asample(body: SampleBody, request: Request, who: CallerDep) -> SampleFuture:
     check_model_seq_id(body.seq_id, "asample", "seq_id")  # part of the future's id only: any signed 64-bit value
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
@@ -163,7 +165,7 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[st
     params["stop"] = [stop] if isinstance(stop, str) else stop
     new_fields = sample_field_job(body, len(prompt_tokens), request.app.state.settings.backend.max_logprobs_k)
 
-    def store(db: Connection) -> dict[str, Any]:
+    def store(db: Connection) -> SampleFuture:
         sampler = owned_sampler(db, body.sampling_session_id, who, f"asample: sampling session "
                                 f"{body.sampling_session_id!r} not found; create a sampling client first")
         check_inflight(db, who)
@@ -174,7 +176,7 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> dict[st
         future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
                                   request_type="sample", body=job, session_id=sampler.session_id,
                                   completion_queue=queue_of_sample(body.sampling_session_id, body.seq_id))
-        return {"request_id": future_id,
-                "sample_sequence_ids": [f"{future_id}:{i}" for i in range(body.num_samples)]}
+        return SampleFuture(request_id=future_id,
+                            sample_sequence_ids=[f"{future_id}:{i}" for i in range(body.num_samples)])
 
     return await in_db(request, store)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import update
@@ -11,6 +9,7 @@ from sqlalchemy import update
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.ownership import SAMPLERS, owned_sampler
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.responses import BODY_ERRORS, JoinSamplingSessionResponse, errors
 from skyrl_tx.errors import InvalidArgumentError
 
 router = APIRouter(prefix="/api/v1")
@@ -30,8 +29,9 @@ class JoinSamplingSessionRequest(BaseModel):
     sampling_session_id: str
 
 
-@router.post("/join_sampling_session")
-def join_sampling_session(body: JoinSamplingSessionRequest, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/join_sampling_session", responses={**BODY_ERRORS, **errors(404)})
+def join_sampling_session(body: JoinSamplingSessionRequest, db: DbDep,
+                          who: CallerDep) -> JoinSamplingSessionResponse:
     """The next number of this sampling session. A retried join (its answer lost) takes another number: numbers
     are never reused, gaps are harmless."""
     owned_sampler(db, body.sampling_session_id, who, f"join_sampling_session: sampling session "
@@ -45,4 +45,4 @@ def join_sampling_session(body: JoinSamplingSessionRequest, db: DbDep, who: Call
         raise InvalidArgumentError(f"join_sampling_session: sampling session {body.sampling_session_id!r} has "
                                    "numbered all the clients it can; create a new sampling client")
     db.commit()
-    return {"type": "join_sampling_session", "client_counter": counter}
+    return JoinSamplingSessionResponse(type="join_sampling_session", client_counter=counter)

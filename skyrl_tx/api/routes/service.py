@@ -14,12 +14,15 @@ from skyrl_tx.api.deps import DbDep, SettingsDep
 from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS
 from skyrl_tx.api.ownership import owned_session
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import (BODY_ERRORS, COMMON_ERRORS, ClientConfigResponse, ClientDynamicConfigResponse,
+                                     CreateSessionResponse, EmptyResponse, HealthFailedResponse, HealthResponse,
+                                     ServerCapabilitiesResponse, TelemetryResponse, errors)
 from skyrl_tx.api.validation import check_json_finite
 from skyrl_tx.db.models import SessionRecord, SessionStatus
 from skyrl_tx.db.unload_requests import request_unloads
 from skyrl_tx.errors import GoneError
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1")  # error responses per route: healthz is open (no 401)
 
 
 class CreateSessionRequest(BaseModel):
@@ -49,24 +52,24 @@ class SessionRef(BaseModel):
     session_id: str
 
 
-@router.post("/client/config")
-def client_config() -> dict[str, Any]:
+@router.post("/client/config", responses=COMMON_ERRORS)
+def client_config() -> ClientConfigResponse:
     # zstd-compressed protobuf forward_backward bodies; samples wait on one retrieve_futures poll per sampling
     # client (routes/futures_batch.py); copies of a sampling client get their number from the server
     # (routes/sampling_clients.py); custom losses run on the server, in one pass (routes/custom_losses.py).
-    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": True,
-            "custom_loss_server_side": True, "sample_join_sampling_session": True}
+    return ClientConfigResponse(pjwt_auth_enabled=False, proto_compress_fwdbwd=True, sample_use_retrieve_futures=True,
+                                custom_loss_server_side=True, sample_join_sampling_session=True)
 
 
-@router.post("/client/dynamic_config")
-def dynamic_config() -> dict[str, Any]:
+@router.post("/client/dynamic_config", responses=COMMON_ERRORS)
+def dynamic_config() -> ClientDynamicConfigResponse:
     # A sample the client stops waiting for is cancelled (routes/futures.py cancel_future): if still queued, it
     # never runs.
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
+    return ClientDynamicConfigResponse(refresh_interval_sec=300, sample_cancel_enabled=True)
 
 
-@router.post("/create_session")
-def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> dict[str, str]:
+@router.post("/create_session", responses=BODY_ERRORS)
+def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> CreateSessionResponse:
     # Session ids appear inside model ids ("<session>:train:<n>") and URLs: no ':' and no '/'.
     check_json_finite(body.user_metadata, "user_metadata", "create_session")
     session_id = uuid.uuid4().hex
@@ -74,25 +77,25 @@ def create_session(body: CreateSessionRequest, db: DbDep, who: CallerDep) -> dic
                          sdk_version=body.sdk_version, owner_key_id=who.key_id, project_id=body.project_id,
                          display_name=body.display_name))
     db.commit()
-    return {"session_id": session_id}
+    return CreateSessionResponse(session_id=session_id)
 
 
 def _session(db: DbDep, session_id: str, who: Principal) -> SessionRecord:
     return owned_session(db, session_id, who, f"session {session_id!r} not found; create one with create_session")
 
 
-@router.post("/session_heartbeat")
-def session_heartbeat(body: SessionRef, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/session_heartbeat", responses={**BODY_ERRORS, **errors(404, 410)})
+def session_heartbeat(body: SessionRef, db: DbDep, who: CallerDep) -> EmptyResponse:
     session = _session(db, body.session_id, who)
     if session.status != SessionStatus.ACTIVE.value:  # the SDK stops heartbeating on a 410
         raise GoneError(f"session {body.session_id!r} has ended (finished, or silent past the session timeout); "
                         "its models were unloaded: start a new ServiceClient")
     session.last_heartbeat_at = datetime.now(timezone.utc)
     db.commit()
-    return {}
+    return EmptyResponse()
 
 
-@router.post("/sessions/{session_id}/finish", status_code=204)
+@router.post("/sessions/{session_id}/finish", status_code=204, responses={**BODY_ERRORS, **errors(404)})
 def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep,
                    body: FinishSessionRequest | None = None) -> Response:
     """The session ends: its models are unloaded once their accepted requests and samples are done, so their
@@ -109,13 +112,13 @@ def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep,
     return Response(status_code=204)
 
 
-@router.post("/telemetry")
-def telemetry() -> dict[str, str]:
-    return {"status": "accepted"}
+@router.post("/telemetry", responses=COMMON_ERRORS)
+def telemetry() -> TelemetryResponse:
+    return TelemetryResponse(status="accepted")
 
 
-@router.get("/get_server_capabilities")
-def server_capabilities(request: Request, settings: SettingsDep) -> dict[str, Any]:
+@router.get("/get_server_capabilities", responses=COMMON_ERRORS)
+def server_capabilities(request: Request, settings: SettingsDep) -> ServerCapabilitiesResponse:
     """Every name of the base model (aliases and its directory are the same weights, so they answer alike)."""
     model = {
         # Every configuration trains (max_lora_adapters >= 1 is validated) and samples (the built-in sampler, or
@@ -124,11 +127,13 @@ def server_capabilities(request: Request, settings: SettingsDep) -> dict[str, An
         # The context every request gets: training sequences are bounded by the model's positions, sampled ones
         # (prompt + completion) also by max_sampling_length.
         "max_context_length": min(request.app.state.max_positions, settings.backend.max_sampling_length)}
-    return {"supported_models": [{"model_name": name, **model} for name in settings.served_names()],
-            "supported_optimizers": list(OPTIMIZER_CONFIGS.values())}  # not in the SDK's model (it ignores it)
+    return ServerCapabilitiesResponse.model_validate(
+        {"supported_models": [{"model_name": name, **model} for name in settings.served_names()],
+         "supported_optimizers": list(OPTIMIZER_CONFIGS.values())})  # not in the SDK's model (it ignores it)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=HealthResponse,
+            responses={503: {"model": HealthFailedResponse, "description": "The engine could not start"}})
 def healthz(request: Request) -> Any:
     """Answers from the first moment the server listens. `engine_ready` is false while the engine loads the base
     model and rebuilds the live models: requests are accepted meanwhile and run once it is ready."""

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import BODY_ERRORS, SessionSearchResponse
 from skyrl_tx.api.routes.training_runs import OWNER
 from skyrl_tx.db.models import CheckpointRecord, CheckpointStatus, ModelRecord, SessionRecord, SessionStatus
 
@@ -173,8 +174,8 @@ def _summary(row: SessionRecord, totals: tuple[int, int]) -> dict[str, Any]:
             "display_name": row.display_name, "user_metadata": metadata}
 
 
-@router.post("/sessions/search")
-def search_sessions(body: SessionSearchRequest, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/sessions/search", responses=BODY_ERRORS)
+def search_sessions(body: SessionSearchRequest, db: DbDep, who: CallerDep) -> SessionSearchResponse:
     found: list[SessionRecord] = []
     for row in _candidates(db, body, who):
         if _matches(row, body):
@@ -187,4 +188,5 @@ def search_sessions(body: SessionSearchRequest, db: DbDep, who: CallerDep) -> di
     if len(found) > body.limit:
         last = page[-1]
         next_cursor = {"last_created_at": last.created_at.isoformat(), "last_session_id": last.id}
-    return {"sessions": [_summary(row, totals.get(row.id, (0, 0))) for row in page], "next_cursor": next_cursor}
+    return SessionSearchResponse.model_validate(
+        {"sessions": [_summary(row, totals.get(row.id, (0, 0))) for row in page], "next_cursor": next_cursor})

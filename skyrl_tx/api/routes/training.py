@@ -13,6 +13,7 @@ from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, model_optimizer, optim_jo
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_live_model, owned_session,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.responses import BODY_ERRORS, GetInfoResponse, ModelFuture, errors
 from skyrl_tx.api.routes.custom_losses import check_custom_loss_config
 from skyrl_tx.api.submit import consumes_seq_id, record_unusable_body, submit_future
 from skyrl_tx.api.validation import (check_datums, check_finite_mapping, check_json_finite,
@@ -22,7 +23,11 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.types import LOSS_FUNCTIONS, AdamParams
 from skyrl_tx.wire.codec import decode_forward_backward_request
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1", responses=BODY_ERRORS)
+SUBMIT_ERRORS = errors(404, 409, 429)  # unknown model; an id reused with another body; a key's quota
+# forward_backward's body is the SDK's ForwardBackwardRequest protobuf (zstd-compressed when Content-Encoding says so)
+PROTOBUF_BODY = {"requestBody": {"required": True, "content": {"application/x-protobuf": {
+    "schema": {"type": "string", "format": "binary", "description": "a tinker ForwardBackwardRequest"}}}}}
 
 
 class LoraConfigBody(BaseModel):
@@ -57,9 +62,9 @@ class OptimStepRequest(BaseModel):
     optimizer_params: dict[str, Any] | None = None  # non-Adam families (DimuonParams); api/optimizers.py checks
 
 
-@router.post("/create_model")
+@router.post("/create_model", responses=SUBMIT_ERRORS)
 def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep,
-                 who: CallerDep) -> dict[str, str]:
+                 who: CallerDep) -> ModelFuture:
     session = owned_session(db, body.session_id, who, f"create_model: session {body.session_id!r} not found; "
                             "create a session first")
     check_model_seq_id(body.model_seq_id, "create_model")
@@ -92,25 +97,26 @@ def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings
     job = {"model_id": model_id, "lora_rank": rank, **{k: v for k, v in lora.items() if k != "rank"}}
     future_id = submit_future(request, db, future_id=f"{model_id}:create", request_type="create_model", body=job,
                               session_id=body.session_id, extra_rows=(record,) if record else ())
-    return {"request_id": future_id, "model_id": model_id}
+    return ModelFuture(request_id=future_id, model_id=model_id)
 
 
-@router.post("/get_info")
-def get_info(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/get_info", responses=errors(404))
+def get_info(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> GetInfoResponse:
     model = owned_live_model(db, body.model_id, who)
     model_data = {"arch": request.app.state.architecture, "model_name": model.base_model,
                   "tokenizer_id": str(request.app.state.model_dir)}
-    return {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
-            "lora_rank": model.lora_rank or None, "model_name": model.base_model,
-            "optimizer_config": OPTIMIZER_CONFIGS[model_optimizer(model.lora_config)]}
+    return GetInfoResponse.model_validate(
+        {"model_id": model.id, "model_data": model_data, "is_lora": model.lora_rank > 0,
+         "lora_rank": model.lora_rank or None, "model_name": model.base_model,
+         "optimizer_config": OPTIMIZER_CONFIGS[model_optimizer(model.lora_config)]})
 
 
-@router.post("/forward_backward")
-async def forward_backward(request: Request, who: CallerDep) -> dict[str, str]:
+@router.post("/forward_backward", responses=SUBMIT_ERRORS, openapi_extra=PROTOBUF_BODY)
+async def forward_backward(request: Request, who: CallerDep) -> ModelFuture:
     raw = await request.body()
     encoding = request.headers.get("content-encoding")
 
-    def store(db: Connection) -> dict[str, str]:
+    def store(db: Connection) -> ModelFuture:
         try:  # decoding (zstd + protobuf) is CPU work: off the event loop, in the same hop as the database
             # Decompressed size capped at the body limit, checked while inflating: a small zstd bomb stops early.
             decoded = decode_forward_backward_request(raw, encoding,
@@ -139,16 +145,16 @@ async def forward_backward(request: Request, who: CallerDep) -> dict[str, str]:
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
                                   model_id=model_id, seq_id=seq_id, binary_body=decoded["body"])
-        return {"request_id": future_id, "model_id": model_id}
+        return ModelFuture(request_id=future_id, model_id=model_id)
 
     return await in_db(request, store)
 
 
-@router.post("/optim_step")
-async def optim_step(body: OptimStepRequest, request: Request, who: CallerDep) -> dict[str, str]:
+@router.post("/optim_step", responses=SUBMIT_ERRORS)
+async def optim_step(body: OptimStepRequest, request: Request, who: CallerDep) -> ModelFuture:
     check_seq_id(body.seq_id, "optim_step")
 
-    def store(db: Connection) -> dict[str, str]:
+    def store(db: Connection) -> ModelFuture:
         require_owned_model(db, body.model_id, who)
         check_inflight(db, who)
         with consumes_seq_id(request, db, model_id=body.model_id, seq_id=body.seq_id, request_type="optim_step"):
@@ -156,14 +162,14 @@ async def optim_step(body: OptimStepRequest, request: Request, who: CallerDep) -
                             body.optimizer_params)
         future_id = submit_future(request, db, future_id=f"{body.model_id}:{body.seq_id}",
                                   request_type="optim_step", body=job, model_id=body.model_id, seq_id=body.seq_id)
-        return {"request_id": future_id, "model_id": body.model_id}
+        return ModelFuture(request_id=future_id, model_id=body.model_id)
 
     return await in_db(request, store)
 
 
-@router.post("/unload_model")
-def unload_model(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> dict[str, str]:
+@router.post("/unload_model", responses=errors(404, 409))
+def unload_model(body: ModelRef, request: Request, db: DbDep, who: CallerDep) -> ModelFuture:
     require_owned_model(db, body.model_id, who)
     future_id = submit_future(request, db, future_id=f"{body.model_id}:unload", request_type="unload_model",
                               body={"model_id": body.model_id}, model_id=body.model_id)
-    return {"request_id": future_id, "model_id": body.model_id}
+    return ModelFuture(request_id=future_id, model_id=body.model_id)

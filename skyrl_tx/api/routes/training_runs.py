@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.ownership import owned_run, readable_checkpoint, writable_checkpoint
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import (BODY_ERRORS, COMMON_ERRORS, CheckpointsListResponse, ExternalWeightsUrlsResponse,
+                                     TrainingRun, TrainingRunsResponse, errors)
 from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.api.url_signing import signature, signature_matches
 from skyrl_tx.api.validation import INT64_MAX
@@ -23,6 +25,8 @@ from skyrl_tx.db.models import ApiKeyRecord, CheckpointRecord, CheckpointStatus,
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
+PAGE_ERRORS = errors(400, 401, 500)  # limit / offset out of range
+PATH_ERRORS = {**COMMON_ERRORS, **errors(404)}  # a run or checkpoint the caller cannot see is not found
 
 URL_LIFETIME_S = 3600  # signed download URLs stay valid this long
 OWNER = "local"  # the owner of what was made with --auth none (with keys: the key's id)
@@ -72,29 +76,30 @@ def _page(limit: int, offset: int) -> tuple[int, int]:
     return limit, offset
 
 
-@router.get("/training_runs")
-def list_training_runs(db: DbDep, who: CallerDep, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+@router.get("/training_runs", responses=PAGE_ERRORS)
+def list_training_runs(db: DbDep, who: CallerDep, limit: int = 20, offset: int = 0) -> TrainingRunsResponse:
     limit, offset = _page(limit, offset)
     total = db.scalar(select(func.count()).select_from(_runs_of(who).subquery()))
     models = db.scalars(_runs_of(who).order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
-    return {"training_runs": [_run_json(db, m) for m in models],
-            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+    return TrainingRunsResponse.model_validate(
+        {"training_runs": [_run_json(db, m) for m in models],
+         "cursor": {"offset": offset, "limit": limit, "total_count": total}})
 
 
-@router.get("/training_runs/{run_id}")
-def get_training_run(run_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
-    return _run_json(db, owned_run(db, run_id, who))
+@router.get("/training_runs/{run_id}", responses=PATH_ERRORS)
+def get_training_run(run_id: str, db: DbDep, who: CallerDep) -> TrainingRun:
+    return TrainingRun.model_validate(_run_json(db, owned_run(db, run_id, who)))
 
 
-@router.get("/training_runs/{run_id}/checkpoints")
-def list_run_checkpoints(run_id: str, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.get("/training_runs/{run_id}/checkpoints", responses=PATH_ERRORS)
+def list_run_checkpoints(run_id: str, db: DbDep, who: CallerDep) -> CheckpointsListResponse:
     owned_run(db, run_id, who)
     rows = db.scalars(_listed().where(CheckpointRecord.model_id == run_id).order_by(CheckpointRecord.created_at))
-    return {"checkpoints": [checkpoint_json(r) for r in rows], "cursor": None}
+    return CheckpointsListResponse.model_validate({"checkpoints": [checkpoint_json(r) for r in rows], "cursor": None})
 
 
-@router.get("/checkpoints")
-def list_all_checkpoints(db: DbDep, who: CallerDep, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+@router.get("/checkpoints", responses=PAGE_ERRORS)
+def list_all_checkpoints(db: DbDep, who: CallerDep, limit: int = 100, offset: int = 0) -> CheckpointsListResponse:
     limit, offset = _page(limit, offset)
     listed = _listed()
     if not who.admin:  # the caller's own checkpoints (published ones of others are read by path, not listed)
@@ -102,8 +107,9 @@ def list_all_checkpoints(db: DbDep, who: CallerDep, limit: int = 100, offset: in
             ModelRecord.owner_key_id == who.key_id)
     total = db.scalar(select(func.count()).select_from(listed.subquery()))
     rows = db.scalars(listed.order_by(CheckpointRecord.created_at.desc()).limit(limit).offset(offset))
-    return {"checkpoints": [checkpoint_json(r) for r in rows],
-            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+    return CheckpointsListResponse.model_validate(
+        {"checkpoints": [checkpoint_json(r) for r in rows],
+         "cursor": {"offset": offset, "limit": limit, "total_count": total}})
 
 
 def _path(run_id: str, kind: str, name: str) -> TinkerPath:
@@ -114,12 +120,12 @@ def _writable(db: Session, run_id: str, kind: str, name: str, who: Principal) ->
     return writable_checkpoint(db, _path(run_id, kind, name), who, "checkpoint")
 
 
-@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}")
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}", responses=errors(400, 401, 500))
 def delete_bare_checkpoint_id(run_id: str, checkpoint_id: str) -> None:
     TinkerPath.from_checkpoint_id(run_id, checkpoint_id)  # always raises: the kind is missing
 
 
-@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}", responses={**PATH_ERRORS, **errors(400)})
 def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: DbDep, who: CallerDep) -> None:
     row = _writable(db, run_id, kind, name, who)
     row.status = CheckpointStatus.DELETED.value  # unlisted first: a reader never sees a half-deleted checkpoint
@@ -127,7 +133,7 @@ def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: D
     request.app.state.store.delete(row.storage_uri)
 
 
-@router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+@router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", responses={**BODY_ERRORS, **errors(404)})
 def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: DbDep, who: CallerDep) -> None:
     check_ttl(body.ttl_seconds, "set ttl")
     row = _writable(db, run_id, kind, name, who)
@@ -136,22 +142,23 @@ def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: 
     db.commit()
 
 
-@router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+@router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", responses={**PATH_ERRORS, **errors(400)})
 def publish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
     """Every key may then read it by its tinker:// path (load, sample, download); only its owner may change it."""
     _writable(db, run_id, kind, name, who).public = True
     db.commit()
 
 
-@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", responses={**PATH_ERRORS, **errors(400)})
 def unpublish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
     _writable(db, run_id, kind, name, who).public = False
     db.commit()
 
 
-@router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+@router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls",
+            responses={**PATH_ERRORS, **errors(400)})
 def external_weights_urls(run_id: str, kind: str, name: str, request: Request, db: DbDep,
-                          who: CallerDep) -> dict[str, Any]:
+                          who: CallerDep) -> ExternalWeightsUrlsResponse:
     row = readable_checkpoint(db, _path(run_id, kind, name), who, "checkpoint")  # its own, or a published one
     expires = int(time.time()) + URL_LIFETIME_S
     secret = request.app.state.download_secret  # api/url_signing.py: survives restarts
@@ -160,10 +167,13 @@ def external_weights_urls(run_id: str, kind: str, name: str, request: Request, d
     urls = {file: f"{base}/api/v1/checkpoint_files/{row.id}/{file}?expires={expires}&key={key_id}&"
                   f"sig={signature(secret, row.id, file, expires, key_id)}"
             for file in request.app.state.store.files(row.storage_uri)}
-    return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
+    return ExternalWeightsUrlsResponse(urls=urls, expires=datetime.fromtimestamp(expires, timezone.utc))
 
 
-@router.get("/checkpoint_files/{checkpoint}/{file:path}")
+# Open without an API key (the signature is the credential): no 401.
+@router.get("/checkpoint_files/{checkpoint}/{file:path}", response_class=StreamingResponse, responses={
+    200: {"description": "the file's bytes", "content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}}, **errors(400, 404, 500)})
 def download_checkpoint_file(checkpoint: int, file: str, expires: int, sig: str, request: Request,
                              db: DbDep, key: str = "") -> StreamingResponse:
     """A signed URL from external_weights_urls; streamed in chunks, never read whole into memory. The URL carries no

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
@@ -15,6 +14,7 @@ from sqlalchemy.orm import Session
 from skyrl_tx.api.deps import DbDep
 from skyrl_tx.api.ownership import owned_session, readable_checkpoint
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.responses import BODY_ERRORS, CopyWeightsResponse, errors
 from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.api.validation import check_model_seq_id
 from skyrl_tx.checkpoints.formats import ModelMeta
@@ -122,8 +122,8 @@ def _finish(db: Session, row_id: int, status: CheckpointStatus, size: int | None
     return done.rowcount == 1
 
 
-@router.post("/copy_weights")
-def copy_weights(body: CopyWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> dict[str, Any]:
+@router.post("/copy_weights", responses={**BODY_ERRORS, **errors(404, 409)})
+def copy_weights(body: CopyWeightsRequest, request: Request, db: DbDep, who: CallerDep) -> CopyWeightsResponse:
     """Copies the files (the store's own copy, then one rename into place), then lists the copy. Readable means
     the caller's own or published (weights_access_token grants nothing here: this server has no such tokens).
     Runs in a worker thread for as long as the copy takes; a retry meanwhile waits (409) for it."""
@@ -135,7 +135,7 @@ def copy_weights(body: CopyWeightsRequest, request: Request, db: DbDep, who: Cal
         raise CopyInProgress(f"{WHAT}: {body.source_path} is being copied by a concurrent try of this request; "
                              "retry") from None
     if row is None:  # done by an earlier try
-        return {"tinker_path": str(target)}
+        return CopyWeightsResponse(tinker_path=str(target))
     store, row_id, location = request.app.state.store, row.id, row.storage_uri
     try:
         size = store.publish_copy(source.storage_uri, location)
@@ -145,4 +145,4 @@ def copy_weights(body: CopyWeightsRequest, request: Request, db: DbDep, who: Cal
     if not _finish(db, row_id, CheckpointStatus.READY, size):
         store.delete(location)
         raise InternalError(f"{WHAT}: the copy to {target} was interrupted by an engine restart; retry")
-    return {"tinker_path": str(target)}
+    return CopyWeightsResponse(tinker_path=str(target))
