@@ -110,10 +110,18 @@ std::vector<int64_t> Generator::admit() {
     }
     if (!admitted.empty() && tokens + prompt_len - hit.length > config_.prefill_token_budget) break;
     // FIFO admission: a request that does not fit yet waits for rows to free up (never an OOM).
-    if (!claim_rows(req.request.num_samples, hit.row, req.rows)) break;
-    if (hit.length > 0) {  // copied now: a later request's eviction may reuse the cached row
-      cache_.copy_prefix(hit.row, {req.rows.front()}, hit.length);
+    if (claim_rows(req.request.num_samples, hit.row, req.rows)) {
+      if (hit.length > 0) {  // copied now: a later request's eviction may reuse the cached row
+        cache_.copy_prefix(hit.row, {req.rows.front()}, hit.length);
+        req.cached_prefix = hit.length;
+      }
+    } else if (hit.row >= 0 && claim_rows(req.request.num_samples - 1, hit.row, req.rows)) {
+      // It needs the hit's row too (every row): that row becomes its first, its K/V already in place.
+      prefix_cache_.take(hit.row);
+      req.rows.insert(req.rows.begin(), hit.row);
       req.cached_prefix = hit.length;
+    } else {
+      break;
     }
     tokens += prompt_len - hit.length;
     admitted.push_back(waiting_.front());

@@ -62,6 +62,11 @@ int64_t PrefixCache::evict_lru(int64_t keep_row) {
   return row;
 }
 
+void PrefixCache::take(int64_t row) {
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.row == row; }),
+                 entries_.end());
+}
+
 std::vector<int64_t> PrefixCache::drop(const std::string& weights_key) {
   std::vector<int64_t> rows;
   auto gone = std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) {

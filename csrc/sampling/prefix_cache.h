@@ -25,6 +25,9 @@ class PrefixCache {
   std::vector<int64_t> insert(const std::string& weights_key, std::vector<int64_t> tokens, int64_t row);
   /// Drops the least recently used entry whose row is not `keep_row` and returns its row (-1: none left).
   int64_t evict_lru(int64_t keep_row = -1);
+  /// Removes the entry holding `row` without releasing the row: its new owner (a request that starts with the cached
+  /// prefix and needs every row) keeps the K/V in place.
+  void take(int64_t row);
   /// Drops every entry under `weights_key` (its weights are gone) and returns their rows.
   std::vector<int64_t> drop(const std::string& weights_key);
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
