@@ -124,13 +124,11 @@ def test_bad_gspo_mask_and_config_are_named(training_client: Any) -> None:
     assert training_client.forward_backward([datum], "stable_reinforce").result().metrics["loss:sum"] != 0.0
 
 
-def test_custom_is_not_a_server_loss(training_client: Any) -> None:
-    """SDK 0.38 sends loss_fn="custom" only for a server-side custom loss (LossHandle with a loss_id), which needs
-    client config custom_loss_server_side; this server advertises false, so forward_backward_custom stays
-    client-side, and a hand-sent "custom" is refused as an unsupported loss."""
-    assert training_client.holder._client_config.custom_loss_server_side is False
+def test_custom_without_a_loss_id_is_a_bad_request(training_client: Any) -> None:
+    """SDK 0.38 sends loss_fn="custom" with {"loss_id": ...} for a server-side custom loss (client config
+    custom_loss_server_side, tests/api/test_custom_losses_api.py); a hand-sent "custom" without one is refused."""
+    assert training_client.holder._client_config.custom_loss_server_side is True
     datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
                         loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]})
-    with pytest.raises(Exception, match="custom") as info:
+    with pytest.raises(tinker.BadRequestError, match="loss_id"):
         training_client.forward_backward([datum], "custom").result()
-    assert isinstance(info.value, (tinker.BadRequestError, tinker.RequestFailedError)), repr(info.value)
