@@ -132,3 +132,24 @@ def test_cached_rows_are_given_back_when_requests_need_them(tiny_model_dir) -> N
     # The most recent entries survive eviction's LRU order where rows allow: the newest prompt hits.
     (again,) = cached.sample([SampleRequest(ps[3] + [5], GREEDY)])
     assert again.prompt_cache_hit_tokens == len(ps[3])
+
+
+@pytest.mark.xfail(strict=True, reason="C++ bug: Generator::admit keeps the hit's row out of eviction "
+                   "(claim_rows(num_samples, hit.row, ...)), so a request needing all max_sampling_sequences rows whose "
+                   "prompt hits the cache can never claim them and waits forever (rl_loop's default group_size=16 "
+                   "on the default 16 rows). Fix: treat such a hit as a miss (num_samples >= max_sequences).")
+def test_a_request_needing_every_row_is_admitted_when_its_prompt_hits_the_cache(tiny_model_dir) -> None:
+    path = tiny_model_dir("tiny-qwen3")
+    cached, fresh = make_backend(path, True, rows=3), make_backend(path, False, rows=3)
+    (p,) = prompts(cached, [8], seed=6)
+    cached.sample([SampleRequest(p, GREEDY)])  # a row now holds p's prefix
+    request = SampleRequest(p, SEEDED, num_samples=3)  # hits it and needs all three rows (a GRPO group)
+    sample_id = cached.submit_sample(request)
+    done = {}
+    for _ in range(4 * SEEDED.max_tokens):  # bounded: a request that is never admitted must not hang the test
+        done.update(cached.sample_step())
+        if sample_id in done:
+            break
+    assert sample_id in done, "never admitted"
+    (want,) = fresh.sample([request])
+    assert_same(done[sample_id], want, "all rows after a hit")
