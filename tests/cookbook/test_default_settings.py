@@ -24,6 +24,12 @@ NUMERICS_MODEL = "Qwen/Qwen3.6-35B-A3B:peft:262144"
 # rl_loop's question suffix: the policy is warm-started to answer with one of these boxed numbers.
 GSM8K_SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
 ANSWERS = (1, 2)
+# rl_loop's few-shot turn before every question (a local in its main(), copied from 0.6.1).
+GSM8K_PREFIX = [
+    {"role": "user", "content": "How many r's are in strawberry?" + GSM8K_SUFFIX},
+    {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
+                                     "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +106,17 @@ def boxed_answer_policy(run_recipe, workdir: Path) -> str:
     to answer a question ending in rl_loop's suffix with \\boxed{1} or \\boxed{2} at random. A random model never
     writes \\boxed{}: every gsm8k reward would be 0 and rl_loop would skip every training step."""
     rng = random.Random(1)
-    rows = [{"messages": [{"role": "user", "content": row["question"] + GSM8K_SUFFIX},
+    rows = [{"messages": [*GSM8K_PREFIX, {"role": "user", "content": row["question"] + GSM8K_SUFFIX},
                           {"role": "assistant", "content": f"\\boxed{{{rng.choice(ANSWERS)}}}"}]}
             for row in gsm8k_rows(64, rng)]
     data = write_jsonl(workdir / "boxed_sft.jsonl", rows)
     run = run_recipe("tinker_cookbook.recipes.chat_sl.train", f"model_name={DEFAULT_MODELS[0]}",
-                     "renderer_name=role_colon", f"dataset={data}", "batch_size=16", "max_length=256",
-                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=12", "save_every=0", "eval_every=0")
+                     "renderer_name=role_colon", f"dataset={data}", "batch_size=16", "max_length=512",
+                     "train_on_what=last_assistant_message",
+                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=20", "save_every=0", "eval_every=0")
     nll = run.series("train_mean_nll")
-    # From ≈ ln(vocab) to a policy that mostly writes the boxed format (how close it gets to the coin flip's floor
-    # varies with the adapter's random initialization).
-    assert nll[-1] < 1.5, nll
+    # From ≈ ln(vocab) to the boxed format (7 target tokens; the digit's coin flip alone is ln 2 / 7 ≈ 0.1).
+    assert nll[-1] < 0.5, nll
     return run.checkpoints[-1]["state_path"]
 
 
