@@ -127,8 +127,8 @@ def test_rl_loop_defaults(run_recipe, boxed_answer_policy: str, tmp_path: Path) 
     log_path.mkdir()
     (log_path / "checkpoints.jsonl").write_text(json.dumps({"name": "warm", "batch": 0,
                                                             "state_path": boxed_answer_policy}) + "\n")
-    # Default group_size (16) and 8 questions a step: some group mixes right and wrong answers even where the
-    # policy mostly misses (at a 5% hit rate, a step with none: 0.44^8 ≈ 0.1%).
+    # Default group_size (16) and 8 questions a step: some group mixes right and wrong answers (the warm policy
+    # hits about 40%; even at 10%, a step with no mixed group has odds 0.19^8 ≈ 1e-6).
     run = run_recipe("tinker_cookbook.recipes.rl_loop", "batch_size=8", "max_tokens=24", "max_steps=2",
                      log_path=log_path, log_dir_flag=False)
     run.assert_finite()
@@ -141,8 +141,8 @@ def test_rl_loop_defaults(run_recipe, boxed_answer_policy: str, tmp_path: Path) 
     # forward_backward(stable_reinforce) ran on provenance-carrying datums, then optim_step (its metrics); a step
     # whose every group got one reward is skipped with a warning.
     assert 0 < sum(rewards) / 2 < 1, rewards
-    trained, skipped = len([r for r in run.metrics if "grad_norm" in r]), run.output.count("all advantages zero")
-    assert trained >= 1 and trained + skipped == 2, (trained, skipped, run.metrics)
+    assert "all advantages zero" not in run.output, run.tail()
+    assert len(run.series("grad_norm")) == 2, run.metrics
     final = run.checkpoints[-1]
     assert final["name"] == "final" and final["state_path"] and final["sampler_path"], run.checkpoints
 
