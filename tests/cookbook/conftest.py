@@ -144,18 +144,19 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def run_recipe(client_env: dict[str, str], workdir: Path, server_url: ServerUrl,
                tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RecipeRun]:
-    """run_recipe(module, *key=value args, log_path=None, expect_ok=True) → RecipeRun.
+    """run_recipe(module, *key=value args, log_path=None, expect_ok=True, log_dir_flag=True) → RecipeRun.
 
     Runs `python -m <module> <args> log_path=... behavior_if_log_dir_exists=...` (args override both) in
     `workdir`; a failure shows the recipe's output tail and the server log tail."""
 
     def run(module: str, *args: str, log_path: Path | None = None, timeout: float = RECIPE_TIMEOUT_S,
-            expect_ok: bool = True) -> RecipeRun:
+            expect_ok: bool = True, log_dir_flag: bool = True) -> RecipeRun:
         if log_path is None:
             log_path = tmp_path_factory.mktemp(module.rsplit(".", 2)[-2]) / "log"
         keys = {a.split("=", 1)[0] for a in args}
         defaults = [f"log_path={log_path}"] if "log_path" not in keys else []
-        if "behavior_if_log_dir_exists" not in keys:
+        # (rl_loop, sl_loop have no behavior_if_log_dir_exists: log_dir_flag=False)
+        if log_dir_flag and "behavior_if_log_dir_exists" not in keys:
             defaults.append("behavior_if_log_dir_exists=delete")
         argv = [sys.executable, "-m", module, *defaults, *args]
         started = time.monotonic()

@@ -113,9 +113,9 @@ def test_math_rl_num_substeps(run_recipe, model_dir: Path, warm_start: str) -> N
     assert all(abs(x) < 0.1 for x in run.series("optim/kl_sample_train_v1")), run.series("optim/kl_sample_train_v1")
 
 
-@pytest.mark.cookbook_full
 def test_math_rl_default_loss(run_recipe, model_dir: Path, warm_start: str) -> None:
-    """No loss_fn flag: the recipe's default (stable_reinforce in 0.6.1)."""
+    """No loss_fn flag: the recipe's default, stable_reinforce (0.6.1), whose sampler records stability info
+    (record_stability_info) and whose datums carry provenance spans naming the sampled sequences."""
     run = math_rl(run_recipe, model_dir, warm_start, None)
     check_rl_run(run, 3)
     check_sampler_trainer_agree(run)
