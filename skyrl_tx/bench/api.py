@@ -54,14 +54,25 @@ def server(base_model: str, threads: int, timeout_s: float = 180.0) -> Iterator[
 
 
 class HttpExchangeTimer:
-    """Seconds this process spends inside HTTP exchanges (httpx.AsyncClient.send, which returns once the response
-    body is read), so a round trip splits into the SDK's own time and the time on the wire and in the server.
-    The SDK's background calls (session heartbeats, telemetry) are left out."""
+    """The HTTP exchanges of this process (httpx.AsyncClient.send, which returns once the response body is read), so
+    a round trip splits into the SDK's own time and the time on the wire and in the server. Exchanges overlap (the
+    SDK 0.38 sampler's retrieve_futures long poll runs beside the asample POST, and may have started before the call):
+    `inside` counts the union of their intervals within a window, not their sum. The SDK's background calls (session
+    heartbeats, telemetry) are left out."""
 
     BACKGROUND = ("heartbeat", "telemetry")
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.intervals: list[tuple[float, float]] = []
+
+    def inside(self, start: float, end: float) -> float:
+        """Seconds of [start, end] during which some exchange was in flight."""
+        total, reach = 0.0, start
+        for a, b in sorted(self.intervals):
+            a, b = max(a, reach), min(b, end)
+            if b > a:
+                total, reach = total + (b - a), b
+        return total
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[HttpExchangeTimer]:
@@ -76,7 +87,7 @@ class HttpExchangeTimer:
                 return await original(client, request, **kwargs)
             finally:  # runs before the SDK sees the response, so before the timed call returns
                 if not any(part in request.url.path for part in timer.BACKGROUND):
-                    timer.seconds += time.perf_counter() - start
+                    timer.intervals.append((start, time.perf_counter()))
 
         httpx.AsyncClient.send = send  # type: ignore[method-assign]
         try:
@@ -140,12 +151,12 @@ def sdk_round_trips(live: LiveServer, base_model: str, warmup: int, reps: int) -
                 before = cpu_now()
                 rtt[name], outside[name] = [], []
                 for _ in range(reps):
-                    timer.seconds = 0.0
+                    timer.intervals.clear()
                     start = time.perf_counter()
                     call()
-                    elapsed = time.perf_counter() - start
-                    rtt[name].append(elapsed)
-                    outside[name].append(max(elapsed - timer.seconds, 0.0))
+                    end = time.perf_counter()
+                    rtt[name].append(end - start)
+                    outside[name].append(max(end - start - timer.inside(start, end), 0.0))
                 after = cpu_now()
                 cpu[name] = {proc: (after[proc] - before[proc]) / reps * 1e3 for proc in after
                              if after[proc] is not None and before[proc] is not None}
