@@ -150,10 +150,10 @@ class NativeBackend:
         """forward_backward's outputs without gradients or side effects."""
         return _results(self._core.forward([_native_request(r, self._custom_losses) for r in requests]))
 
-    def check_custom_loss(self, graph: CustomLossGraph) -> list[str]:
+    def check_custom_loss(self, graph: CustomLossGraph) -> None:
         """Rebuilds a create_custom_loss graph from the core's allow-list (InvalidArgumentError names the node it
-        refuses); returns its metric names."""
-        return list(self._custom_losses.get(graph).metric_names)
+        refuses), and keeps it for the forward_backward calls that use it."""
+        self._custom_losses.get(graph)
 
     def attach_collectives(self, group: Any) -> None:
         """Data parallelism (skyrl_tx.parallel.group.join_group's Collectives; None: one process again): every rank

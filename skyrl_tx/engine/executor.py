@@ -67,17 +67,24 @@ def train_requests(database: Engine, futures: Sequence[FutureRow]) -> list[Train
     """The TrainRequests of stored forward / forward_backward rows (FutureRow: id and request are enough), their
     binary bodies loaded in one query: the engine's scan reads metadata only."""
     ids = [f.id for f in futures if "data" not in f.request]
-    loss_ids = sorted({_loss_id(f.request) for f in futures} - {None})
+    needed = {_loss_id(f.request) for f in futures} - {None}
+    if len(_GRAPHS) + len(needed) > MAX_GRAPHS:  # rare (an RL run creates a handful): re-read what is used next
+        _GRAPHS.clear()
+    missing = sorted(needed - _GRAPHS.keys())
     bodies: dict[str, bytes] = {}
-    losses: dict[str, CustomLossGraph] = {}
-    if ids or loss_ids:
+    if ids or missing:
         with database.connect() as db:
             if ids:
                 bodies = {id_: bytes(body) for id_, body in db.execute(future_queries.REQUEST_BODIES, {"ids": ids})}
-            if loss_ids:  # the API checked each is a completed create_custom_loss of the model's session
-                losses = {id_: custom_loss_graph(id_, request)
-                          for id_, request in db.execute(future_queries.REQUESTS_OF, {"ids": loss_ids})}
-    return [train_request(f.request, bodies.get(f.id), losses.get(_loss_id(f.request))) for f in futures]
+            # A loss's graph never changes once created: read once per engine, not per forward_backward. (The API
+            # checked each id is a completed create_custom_loss of the model's session.)
+            for id_, request in db.execute(future_queries.REQUESTS_OF, {"ids": missing}) if missing else ():
+                _GRAPHS[id_] = custom_loss_graph(id_, request)
+    return [train_request(f.request, bodies.get(f.id), _GRAPHS.get(_loss_id(f.request) or "")) for f in futures]
+
+
+MAX_GRAPHS = 256
+_GRAPHS: dict[str, CustomLossGraph] = {}  # loss_id -> graph
 
 
 def _loss_id(request: dict[str, Any]) -> str | None:

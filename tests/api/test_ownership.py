@@ -6,13 +6,12 @@ everything."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import pytest
 import tinker
-from keyed_server import keyed_server, status_of
+from keyed_server import keyed_server, service_clients, status_of
 from live_server import ServerUrl
 from sdk_training import datum
 from tinker import types
@@ -29,11 +28,8 @@ def server_url(request: pytest.FixtureRequest, preset_cache) -> Iterator[ServerU
 
 @pytest.fixture(scope="module")
 def clients(server_url: ServerUrl) -> Iterator[dict[str, tinker.ServiceClient]]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TINKER_TELEMETRY", "0")
-        with ExitStack() as stack:
-            yield {name: stack.enter_context(tinker.ServiceClient(base_url=server_url, api_key=key))
-                   for name, key in server_url.keys.items()}
+    with service_clients(server_url) as by_key:
+        yield by_key
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """A live server with --auth keys and keys made beforehand on its database (SQLite file or a PostgreSQL schema), for
-the key and ownership tests; status_of() reads the HTTP status out of whatever the SDK raised."""
+the key and ownership tests; service_clients() opens one SDK client per key; status_of() reads the HTTP status out
+of whatever the SDK raised."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def keyed_server(backend: str, keys: Mapping[str, Mapping[str, Any]], *, extra_a
                                               **options))
         url.database_url, url.keys = database_url, made
         yield url
+
+
+@contextmanager
+def service_clients(url: ServerUrl, **client_options: Any) -> Iterator[dict[str, Any]]:
+    """One tinker.ServiceClient per key of a keyed_server (name -> client), telemetry off, closed at the end."""
+    import tinker
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINKER_TELEMETRY", "0")
+        with ExitStack() as stack:
+            yield {name: stack.enter_context(tinker.ServiceClient(base_url=url, api_key=key, **client_options))
+                   for name, key in url.keys.items()}
 
 
 def status_of(call: Callable[[], Any]) -> int:
