@@ -95,7 +95,7 @@ def train_save_and_resample() -> None:
         child = subprocess.run([sys.executable, __file__, model_path, "--tokenizer", tokenizer.name_or_path],
                                capture_output=True, text=True)
         if child.returncode != 0:
-            sys.exit(f"the sampling process failed:\n{child.stderr[-3000:]}")
+            sys.exit(f"the sampling process failed (exit code {child.returncode}):\n{child.stderr[-3000:]}")
         there = json.loads(child.stdout.strip().splitlines()[-1])
         print(f"new process:   {json.dumps(there)}", flush=True)
         print(f"same completions in both processes: {here == there}")

@@ -39,6 +39,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "download URLs point there (default: http://<host>:<port>)")
     parser.add_argument("--session-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="unload the models of a session that sent no heartbeat for this long (default 300)")
+    parser.add_argument("--sample-retrieve-futures", action="store_true",
+                        help="ask SDK 0.38 clients to wait for samples with one retrieve_futures long poll per "
+                             "sampling client (off by default: that SDK path can hang a client's close; README)")
     parser.add_argument("--database-url", default=None,
                         help="SQLAlchemy URL (default: SQLite under $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx). "
                              f"A URL with a password: pass it with --database-url-file or ${DATABASE_URL_ENV} "
@@ -110,7 +113,8 @@ def server_settings(args: argparse.Namespace):
                           engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None),
                           url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV),
                           auth=getattr(args, "auth", None) or "none",
-                          external_inference_url=getattr(args, "external_inference_url", None))
+                          external_inference_url=getattr(args, "external_inference_url", None),
+                          sample_retrieve_futures=getattr(args, "sample_retrieve_futures", False))
 
 
 def serve(args: argparse.Namespace) -> int:

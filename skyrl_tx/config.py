@@ -144,6 +144,12 @@ class ServerSettings:
     auth: str = "none"
     # A vLLM server's base URL (its OpenAI-compatible API): sampling goes there (engine/external_sampler.py).
     external_inference_url: str | None = None
+    # Ask SDK 0.38 clients to wait for samples through one retrieve_futures long poll per sampling client
+    # (client config sample_use_retrieve_futures). Off by default: with it, about one SDK ServiceClient close in 30
+    # hangs forever in the SDK (its futures poller's cancellation is swallowed by anyio's connect_tcp while the last
+    # ack poll opens a connection, and the poller then waits for work that never comes), so clients use the
+    # per-request retrieve_future poll, which the server serves either way.
+    sample_retrieve_futures: bool = False
 
     def serves(self, name: str) -> bool:
         return name == self.base_model or name in self.model_aliases

@@ -1,6 +1,7 @@
-"""retrieve_futures (SDK 0.38's one long poll per sampling client) through the real SDK and on the wire: concurrent
-samples, sync and async, return exactly what the per-request retrieve_future poll returns; each completion is
-reported once per cursor, again for an older cursor; the poll answers at its deadline; bad bodies are 4xx."""
+"""retrieve_futures (SDK 0.38's one long poll per sampling client) through the real SDK and on the wire, on a server
+started with --sample-retrieve-futures: concurrent samples, sync and async, return exactly what the per-request
+retrieve_future poll returns; each completion is reported once per cursor, again for an older cursor; the poll
+answers at its deadline; bad bodies are 4xx."""
 
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ def per_request_results(tinker_env: str) -> list[Any]:
         sampler = service.create_sampling_client(base_model=BASE_MODEL).result()
         futures = [sampler.sample(p, 2, GREEDY) for p in prompts()]
         return [as_values(f.result(timeout=120)) for f in futures]
+
+
+@pytest.fixture(scope="module")
+def server_options() -> dict[str, Any]:
+    return {"extra_args": ["--sample-retrieve-futures"]}  # off by default (skyrl_tx/config.py says why)
 
 
 def test_the_server_asks_for_retrieve_futures(http: httpx.Client) -> None:

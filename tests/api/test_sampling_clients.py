@@ -53,6 +53,12 @@ def test_the_client_config_turns_joining_on(http: Any) -> None:
     assert http.post("/api/v1/client/config", json={}).json()["sample_join_sampling_session"] is True
 
 
+def test_the_client_config_leaves_the_retrieve_futures_poll_off_by_default(http: Any) -> None:
+    """SDK 0.38's retrieve_futures poller can hang a ServiceClient's close (config.py says how); a server started
+    without --sample-retrieve-futures sends its clients down the per-request retrieve_future poll."""
+    assert http.post("/api/v1/client/config", json={}).json()["sample_use_retrieve_futures"] is False
+
+
 def test_copies_get_their_own_numbers_and_sample_the_same_weights(server_url: ServerUrl, sampler: Any) -> None:
     expected = tokens(sampler.sample(PROMPT, 1, PARAMS).result())
     joined_before = joins(server_url)

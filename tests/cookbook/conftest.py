@@ -184,8 +184,16 @@ def run_example(client_env: dict[str, str], server_url: ServerUrl) -> Callable[.
 
     def run(script: str, *args: str, timeout: float = RECIPE_TIMEOUT_S, **env: str) -> str:
         argv = [sys.executable, str(REPO / "examples" / script), *args]
-        proc = subprocess.run(argv, cwd=REPO, env={**client_env, **env}, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
+        try:
+            proc = subprocess.run(argv, cwd=REPO, env={**client_env, **env}, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # a hang: show where the script and the server stopped
+            def text(out: bytes | str | None) -> str:
+                return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+            pytest.fail(f"{script} did not finish in {timeout:.0f} s\n---- stdout ----\n{text(exc.stdout)}\n"
+                        f"---- stderr (tail) ----\n{text(exc.stderr)[-OUTPUT_TAIL_CHARS:]}\n"
+                        f"---- server log (tail) ----\n{server_url.log_tail()}", pytrace=False)
         assert proc.returncode == 0, (f"{script} exited with {proc.returncode}\n---- stdout ----\n{proc.stdout}\n"
                                       f"---- stderr (tail) ----\n{proc.stderr[-OUTPUT_TAIL_CHARS:]}\n"
                                       f"---- server log (tail) ----\n{server_url.log_tail()}")

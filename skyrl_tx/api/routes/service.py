@@ -53,11 +53,13 @@ class SessionRef(BaseModel):
 
 
 @router.post("/client/config", responses=COMMON_ERRORS)
-def client_config() -> ClientConfigResponse:
+def client_config(settings: SettingsDep) -> ClientConfigResponse:
     # zstd-compressed protobuf forward_backward bodies; samples wait on one retrieve_futures poll per sampling
-    # client (routes/futures_batch.py); copies of a sampling client get their number from the server
+    # client (routes/futures_batch.py) only where the server was started with --sample-retrieve-futures
+    # (config.py says why it is off by default); copies of a sampling client get their number from the server
     # (routes/sampling_clients.py); custom losses run on the server, in one pass (routes/custom_losses.py).
-    return ClientConfigResponse(pjwt_auth_enabled=False, proto_compress_fwdbwd=True, sample_use_retrieve_futures=True,
+    return ClientConfigResponse(pjwt_auth_enabled=False, proto_compress_fwdbwd=True,
+                                sample_use_retrieve_futures=settings.sample_retrieve_futures,
                                 custom_loss_server_side=True, sample_join_sampling_session=True)
 
 
