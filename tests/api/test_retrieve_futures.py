@@ -6,7 +6,10 @@ answers at its deadline; bad bodies are 4xx."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,18 @@ def per_request_results(tinker_env: str) -> list[Any]:
 @pytest.fixture(scope="module")
 def server_options() -> dict[str, Any]:
     return {"extra_args": ["--sample-retrieve-futures"]}  # off by default (skyrl_tx/config.py says why)
+
+
+@pytest.fixture(scope="module")
+def service_client(tinker_env: str) -> Iterator[Any]:
+    """The module's SDK client, closed with a bounded wait: with the retrieve_futures poll on, the SDK's close hangs
+    now and then (skyrl_tx/config.py says how). The session then ends at the server's session timeout."""
+    client = tinker.ServiceClient()
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(TimeoutError, concurrent.futures.TimeoutError):
+            client.close("success").result(timeout=30)
 
 
 def test_the_server_asks_for_retrieve_futures(http: httpx.Client) -> None:
