@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_prefix_cache(argv[1:])
         return
+    if argv and argv[0] == "gemm-share":
+        from skyrl_tx.bench.gemm_share import run_gemm_share
+
+        run_gemm_share(argv[1:])
+        return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions
 

@@ -1,0 +1,119 @@
+"""`python -m skyrl_tx.bench gemm-share`: a step's wall time over the time of its own GEMMs (issue 22, part 5).
+
+A step can go no faster than its matrix multiplications; everything else (norms, RoPE, softmax, the loss, AdamW,
+the C++ bookkeeping between ops) is overhead on top. This reports, for a LoRA training step (forward_backward of
+`train_batch` rows + optim_step) and for one decode step at batch 16, the ratio
+
+    wall time of the step / self time of its GEMM ops (aten::mm, addmm, bmm, baddbmm in the profiler)
+
+The wall time is the median of unprofiled repetitions; the GEMM time comes from one extra repetition under
+torch.profiler (the profiler's per-op cost lands outside the GEMMs' self time, so it does not inflate them).
+Decode is isolated as (sample `new_tokens`) − (sample 1 token): the same prefill on both sides, so the difference
+is `new_tokens − 1` decode steps. A ratio of 1.0 would be a step that is all GEMM; the issue's target is ≤ 1.25."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from skyrl_tx.bench import workloads as wl
+from skyrl_tx.bench.configs import CONFIGS, default_config
+
+# The profiler's names of the ops that are GEMMs (attention's own matmuls included where it runs as bmm).
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m skyrl_tx.bench gemm-share",
+                                description="Step wall time over the time of its own GEMMs (training and decode).")
+    p.add_argument("--device", default="cpu", help="cpu only: on a GPU the GEMMs run asynchronously to the host")
+    p.add_argument("--config", choices=sorted(CONFIGS), help="model + workload sizes (default: cpu)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement (median reported)")
+    p.add_argument("--threads", type=int, help="torch threads (default: the engine's choice)")
+    return p
+
+
+def _wall(run: Callable[[], None], reps: int) -> float:
+    """Median seconds of `reps` runs, after one untimed warm-up run."""
+    run()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+TOP_OTHER_OPS = 8  # the costliest non-GEMM ops are listed too: where the overhead is
+
+
+def _gemm_seconds(run: Callable[[], None]) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Self CPU seconds of the GEMM ops in one profiled run, in all and per op name, and of the costliest others."""
+    import os
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no "gpuGetDeviceCount failed" line on a host without a GPU
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    averages = prof.key_averages()
+    per_op = {e.key: e.self_cpu_time_total / 1e6 for e in averages if e.key in GEMM_OPS}
+    others = sorted(((e.self_cpu_time_total / 1e6, e.key) for e in averages if e.key not in GEMM_OPS), reverse=True)
+    return sum(per_op.values()), per_op, {key: seconds for seconds, key in others[:TOP_OTHER_OPS]}
+
+
+def measure(cfg_name: str, device: str, reps: int) -> dict[str, Any]:
+    from skyrl_tx.bench import skyrl_side
+    from skyrl_tx.bench.configs import model_dir
+
+    cfg = CONFIGS[cfg_name]
+    path = model_dir(cfg)
+    report: dict[str, Any] = {"config": cfg.name, "device": device, "reps": reps}
+
+    train = skyrl_side.build(wl.TRAIN_1, path, cfg, device)
+    wall = _wall(train.run, reps)
+    gemm, per_op, others = _gemm_seconds(train.run)
+    report["train"] = {"tokens": train.tokens, "step_s": wall, "gemm_s": gemm, "ratio": wall / gemm,
+                       "gemm_by_op_s": per_op, "top_other_ops_s": others}
+    del train
+
+    decode = skyrl_side.build(wl.SAMPLE_16, path, cfg, device)
+    assert decode.run_first_token is not None
+    steps = cfg.workload.sample_new_tokens - 1
+    wall_all, wall_first = _wall(decode.run, reps), _wall(decode.run_first_token, reps)
+    gemm_all, per_op_all, others_all = _gemm_seconds(decode.run)
+    gemm_first, per_op_first, _ = _gemm_seconds(decode.run_first_token)
+    step_s, gemm_s = (wall_all - wall_first) / steps, (gemm_all - gemm_first) / steps
+    report["decode_batch_16"] = {"steps": steps, "step_s": step_s, "gemm_s": gemm_s, "ratio": step_s / gemm_s,
+                                 "gemm_by_op_s": {k: (v - per_op_first.get(k, 0.0)) / steps
+                                                  for k, v in per_op_all.items()},
+                                 "top_other_ops_s": others_all}  # of the whole sample call, prefill included
+    return report
+
+
+def run_gemm_share(argv: list[str]) -> dict[str, Any]:
+    import torch
+
+    from skyrl_tx.engine.threads import choose_threads
+
+    args = _parser().parse_args(argv)
+    if args.device != "cpu":
+        raise SystemExit("gemm-share measures host time: --device cpu only (on a GPU, use the compute benchmark's "
+                         "MFU and roofline columns)")
+    threads = args.threads or choose_threads(args.device).intra_op or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    report = measure(args.config or default_config(args.device), args.device, args.reps)
+    report["threads"] = threads
+    train, decode = report["train"], report["decode_batch_16"]
+    print(f"{report['config']} on {args.device} ({threads} threads), median of {args.reps}:\n"
+          f"  training step ({train['tokens']} tokens): {train['step_s'] * 1e3:.1f} ms, its GEMMs "
+          f"{train['gemm_s'] * 1e3:.1f} ms: {train['ratio']:.2f}x\n"
+          f"  decode step at batch 16: {decode['step_s'] * 1e3:.2f} ms, its GEMMs {decode['gemm_s'] * 1e3:.2f} ms: "
+          f"{decode['ratio']:.2f}x", file=sys.stderr)
+    print(json.dumps(report))
+    return report

@@ -1,0 +1,27 @@
+"""Smoke test of `python -m skyrl_tx.bench gemm-share` (tiny config, one repetition): the profiler sees the GEMMs
+the C++ core runs for a training step and for decode, and no step is reported faster than its own GEMMs. No
+timing assertions beyond that bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TIMEOUT_S = 300
+
+
+def test_gemm_share_benchmark_sees_the_cores_gemms(preset_cache: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "gemm-share", "--config", "tiny", "--reps", "1",
+                           "--threads", "1"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for part in ("train", "decode_batch_16"):
+        measured = report[part]
+        assert measured["gemm_by_op_s"].get("aten::mm", 0) > 0, measured  # the core's matmuls reach the profiler
+        assert measured["gemm_s"] > 0 and measured["ratio"] >= 1.0, measured
+    assert report["train"]["tokens"] == 4 * 32 and report["decode_batch_16"]["steps"] == 31
+    assert "gpuGetDeviceCount" not in proc.stderr
