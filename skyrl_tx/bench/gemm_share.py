@@ -4,7 +4,7 @@ A step can go no faster than its matrix multiplications; everything else (norms,
 the C++ bookkeeping between ops) is overhead on top. This reports, for a LoRA training step (forward_backward of
 `train_batch` rows + optim_step) and for one decode step at batch 16, the ratio
 
-    wall time of the step / self time of its GEMM ops (aten::mm, addmm, bmm, baddbmm in the profiler)
+    wall time of the step / self time of its GEMM ops (aten::mm, addmm, bmm, baddbmm and their in-place forms)
 
 The wall time is the median of unprofiled repetitions; the GEMM time comes from one extra repetition under
 torch.profiler (the profiler's per-op cost lands outside the GEMMs' self time, so it does not inflate them).
@@ -24,8 +24,9 @@ from typing import Any
 from skyrl_tx.bench import workloads as wl
 from skyrl_tx.bench.configs import CONFIGS, default_config
 
-# The profiler's names of the ops that are GEMMs (attention's own matmuls included where it runs as bmm).
-GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+# The profiler's names of the ops that are GEMMs, in-place forms included (LoRA's expand accumulates with addmm_).
+# Attention is not among them: the fused SDPA kernel is reported with the other ops.
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_"})
 
 
 def _parser() -> argparse.ArgumentParser:
