@@ -36,6 +36,8 @@ def sample_field_job(body: Any, prompt_len: int, max_logprobs_k: int, what: str 
         job["prompt_logprobs_last_n"] = last_n
     if body.target_prompt_logprobs is not None:
         job["target_prompt_logprobs"] = target_ids(body.target_prompt_logprobs, prompt_len, what)
+    if getattr(body, "record_stability_info", None):  # the future is the record (api/provenance.py)
+        job["record_stability_info"] = True
     return job
 
 

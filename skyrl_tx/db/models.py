@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 from typing import Any
 
@@ -281,6 +281,20 @@ class SamplingSessionRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # Further clients (unpickled copies, sampler handles) numbered by join_sampling_session so far.
     clients_joined: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+STABILITY_RECORD_TTL = timedelta(days=1)  # a stability record's life after its last use (StabilityUseRecord)
+
+
+class StabilityUseRecord(Base):
+    """When a recorded sample (asample with record_stability_info) was last named by a datum's provenance spans. The
+    record itself is the sample's future (its prompt and sampled tokens); it expires a day after its last use, or
+    after its completion if never used (api/provenance.py, engine/retention.py)."""
+
+    __tablename__ = "stability_uses"
+
+    request_id: Mapped[str] = mapped_column(String, primary_key=True)  # the sample future's id
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
 class RecoverySnapshotRecord(Base):

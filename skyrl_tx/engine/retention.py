@@ -1,6 +1,7 @@
 """sweep_retention: deletes finished futures past the retention window, and recovery snapshots no longer usable.
 
-Kept, whatever their age: anything not finished; the create request of a live (pending or ready) model; every
+Kept, whatever their age: anything not finished; a recorded sample (record_stability_info) a datum named within
+the last day (db StabilityUseRecord; api/provenance.py); the create request of a live (pending or ready) model; every
 request of a live model from its recovery base on (engine/recovery_state.recovery_base: the snapshot a restart
 starts from, or, with none, the whole history), which also keeps its newest seq_id for ordering and its recent
 ones for idempotent retries. Old requests of live models before their base, of unloaded or failed models, and
@@ -21,7 +22,8 @@ from typing import Any
 
 from sqlalchemy import delete, or_, select
 
-from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord, ModelStatus, RecoverySnapshotRecord
+from skyrl_tx.db.models import (STABILITY_RECORD_TTL, FutureRecord, FutureStatus, ModelRecord, ModelStatus,
+                               RecoverySnapshotRecord, StabilityUseRecord)
 from skyrl_tx.engine import recovery_state
 
 log = logging.getLogger("skyrl_tx.engine")
@@ -46,7 +48,8 @@ def maybe_sweep(loop: Any) -> int:
 
 def sweep_retention(loop: Any, retention_hours: float = RETENTION_HOURS, batch: int = BATCH) -> int:
     """Deletes up to `batch` expired futures and the unusable recovery snapshots; returns the futures deleted."""
-    cutoff = datetime.now(timezone.utc) - timedelta(hours=retention_hours)
+    now = datetime.now(timezone.utc)
+    cutoff = now - timedelta(hours=retention_hours)
     store = loop.checkpointer.store
     ids: list[str] = []
     with loop.sessions.begin() as db:
@@ -55,7 +58,9 @@ def sweep_retention(loop: Any, retention_hours: float = RETENTION_HOURS, batch: 
         # Of no model (samples; create requests, which carry their model only in the id) or of a dead model.
         ids += db.scalars(select(FutureRecord.id).where(
             *old, or_(FutureRecord.model_id.is_(None), FutureRecord.model_id.not_in(live)),
-            FutureRecord.id.not_in(select(ModelRecord.id + ":create").where(ModelRecord.status.in_(LIVE))))
+            FutureRecord.id.not_in(select(ModelRecord.id + ":create").where(ModelRecord.status.in_(LIVE))),
+            FutureRecord.id.not_in(select(StabilityUseRecord.request_id).where(  # recorded samples still in use
+                StabilityUseRecord.last_used_at >= now - STABILITY_RECORD_TTL)))
             .limit(batch)).all()
         # Of a live model, before its recovery base.
         for model_id in db.scalars(live.where(ModelRecord.id.in_(select(RecoverySnapshotRecord.model_id)))).all():
@@ -69,6 +74,10 @@ def sweep_retention(loop: Any, retention_hours: float = RETENTION_HOURS, batch: 
                 FutureRecord.id != f"{model_id}:create").limit(batch - len(ids))).all()
         if ids:
             db.execute(delete(FutureRecord).where(FutureRecord.id.in_(ids)))
+        expired_uses = list(db.scalars(select(StabilityUseRecord.request_id).where(
+            StabilityUseRecord.last_used_at < now - STABILITY_RECORD_TTL).limit(batch)))
+        if expired_uses:  # their records expired: the futures go with the ordinary retention above
+            db.execute(delete(StabilityUseRecord).where(StabilityUseRecord.request_id.in_(expired_uses)))
         # Snapshots of models that will never be rebuilt.
         dead = list(db.scalars(select(RecoverySnapshotRecord).where(
             RecoverySnapshotRecord.model_id.not_in(live)).limit(batch)))

@@ -122,11 +122,29 @@ def _decode_datum(datum: pb.Datum, max_bytes: int) -> dict[str, Any]:
             raise ValueError(f"encoded_text.tokens: {len(raw)} bytes is not a multiple of the 4-byte item size")
         pieces.append(np.frombuffer(raw, dtype=_I32))  # kept int32: the engine widens them once, as a tensor
     tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, _I32)
-    return {
+    decoded = {
         "input_tokens": tokens,  # int32 [n], read-only
         "loss_fn_inputs": {name: _decode_tensor(t, f"loss_fn_inputs[{name!r}]", max_bytes)
                            for name, t in datum.loss_fn_inputs.items()},
     }
+    if datum.model_input_spans or datum.loss_fn_input_spans:  # provenance (SDK 0.38 Datum.with_provenance)
+        decoded["model_input_spans"] = _decode_spans(datum.model_input_spans, "model_input_spans")
+        decoded["loss_fn_input_spans"] = _decode_spans(datum.loss_fn_input_spans, "loss_fn_input_spans")
+    return decoded
+
+
+def _decode_spans(spans: Any, what: str) -> list[dict[str, Any]]:
+    """Provenance runs as {"kind": "prompt" | "sampled", "sequence_id", "offset", "length"} (api/provenance.py
+    checks them)."""
+    out = []
+    for i, span in enumerate(spans):
+        kind = span.WhichOneof("span")
+        if kind is None:
+            raise ValueError(f"{what}[{i}] is neither a prompt nor a sampled span")
+        run = getattr(span, kind)
+        out.append({"kind": "prompt" if kind == "prompt_tokens" else "sampled", "sequence_id": run.sequence_id,
+                    "offset": run.offset, "length": run.length})
+    return out
 
 
 def decode_forward_backward_request(body: bytes, content_encoding: str | None,

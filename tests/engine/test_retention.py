@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select, update
 
 from engine_restart import MODEL, Server, assert_same_state, fb, restart
-from skyrl_tx.db.models import FutureRecord, RecoverySnapshotRecord, request_hash
+from skyrl_tx.db.models import FutureRecord, RecoverySnapshotRecord, StabilityUseRecord, request_hash
 from skyrl_tx.engine import recovery_state
 from skyrl_tx.engine.retention import maybe_sweep, sweep_retention
 
@@ -87,3 +87,21 @@ def test_a_live_model_without_a_snapshot_keeps_its_whole_history(tmp_path, tiny_
     restarted, counts, _ = restart(server, caplog)
     assert counts == {MODEL: 6}
     assert_same_state(loop.backend, restarted.backend)
+
+
+def test_a_recorded_sample_stays_while_datums_name_it_and_goes_a_day_after_its_last_use(tmp_path,
+                                                                                       tiny_model_dir) -> None:
+    server = Server(tmp_path, tiny_model_dir("tiny-qwen3"), every_steps=0)
+    loop = server.engine()
+    now = datetime.now(timezone.utc)
+    with server.sessions.begin() as db:  # two samples finished two days ago; a datum named one an hour ago
+        for name in ("sample:used", "sample:stale"):
+            db.add(FutureRecord(id=name, request_type="sample", request={"record_stability_info": True},
+                                request_hash=request_hash({}), status="completed",
+                                completed_at=now - timedelta(days=2)))
+        db.add(StabilityUseRecord(request_id="sample:used", last_used_at=now - timedelta(hours=1)))
+        db.add(StabilityUseRecord(request_id="sample:stale", last_used_at=now - timedelta(days=1, minutes=1)))
+    assert sweep_retention(loop, retention_hours=24) == 1
+    assert future_ids(server) == {"sample:used"}
+    with server.sessions() as db:
+        assert set(db.scalars(select(StabilityUseRecord.request_id))) == {"sample:used"}

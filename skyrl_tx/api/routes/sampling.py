@@ -78,6 +78,8 @@ class SampleBody(BaseModel):
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
     target_prompt_logprobs: dict[str, Any] | None = None
+    # Keep this sample as a stability record that stable_reinforce datums name by sequence_id (api/provenance.py).
+    record_stability_info: bool | None = None
 
 
 def _check_kind(body: SaveForSamplerRequest, what: str) -> None:

@@ -13,6 +13,7 @@ from skyrl_tx.api.optimizers import OPTIMIZER_CONFIGS, model_optimizer, optim_jo
 from skyrl_tx.api.ownership import (check_inflight, check_live_models, owned_live_model, owned_session,
                                     require_owned_model)
 from skyrl_tx.api.principal import CallerDep
+from skyrl_tx.api.provenance import check_provenance
 from skyrl_tx.api.responses import BODY_ERRORS, GetInfoResponse, ModelFuture, errors
 from skyrl_tx.api.routes.custom_losses import check_custom_loss_config
 from skyrl_tx.api.submit import consumes_seq_id, record_unusable_body, submit_future
@@ -141,6 +142,7 @@ async def forward_backward(request: Request, who: CallerDep) -> ModelFuture:
                                                "ServiceClient.create_custom_loss")
                 check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
             check_datums(decoded["data"], request.app.state.max_positions, kind)
+            check_provenance(db, decoded["data"], who, kind, decoded["loss_fn"])  # spans; stable_reinforce's records
         # The datums stay in the SDK's protobuf, stored (and hashed) as bytes; the JSON holds the metadata.
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,

@@ -1,0 +1,123 @@
+"""Provenance spans of forward / forward_backward datums (SDK 0.38 `Datum.with_provenance`) and the stability
+records they name.
+
+Every loss: a datum's `model_input_spans` must tile its input tokens and its `loss_fn_input_spans` its
+`target_tokens` (run lengths summing to the field's length). `stable_reinforce`: every sequence a span names must be
+a recorded sample (asample with `record_stability_info=True`) of the caller, finished, not expired, and the span's
+positions must be in range and hold, token for token, what that sample's prompt or sampled tokens hold there. The
+record is the sample's own future (its prompt and result); it expires a day after its last use by a datum, or after
+its completion if no datum named it yet (STABILITY_RECORD_TTL). Each accepted use moves that day on
+(db StabilityUseRecord; engine/retention.py keeps the futures of unexpired records).
+
+Each failure is an InvalidArgumentError naming the datum, the field and the sequence_id (a 400, or, where the
+request consumed its seq_id, a failed future of category "user")."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, select
+
+from skyrl_tx.db.models import (STABILITY_RECORD_TTL, FutureRecord, FutureStatus, SessionRecord,
+                               StabilityUseRecord)
+from skyrl_tx.errors import InvalidArgumentError
+
+SPAN_FIELDS = ("model_input_spans", "loss_fn_input_spans")
+
+
+def _field_tokens(datum: dict[str, Any], field: str) -> np.ndarray | None:
+    """The tokens a span list tiles: the input tokens, or target_tokens (None when the datum has none)."""
+    if field == "model_input_spans":
+        return datum["input_tokens"]
+    targets = datum["loss_fn_inputs"].get("target_tokens")
+    return None if targets is None else targets["values"]
+
+
+def _check_tiling(spans: list[dict[str, Any]], tokens: np.ndarray | None, where: str) -> None:
+    total = sum(span["length"] for span in spans)
+    for span in spans:
+        if span["length"] < 0 or span["offset"] < 0 or not span["sequence_id"]:
+            raise InvalidArgumentError(f"{where}: a span has a negative offset or length or no sequence_id; build "
+                                       "spans with Datum.with_provenance")
+    if tokens is not None and total != tokens.size:
+        raise InvalidArgumentError(f"{where}: the spans cover {total} positions but the field has {tokens.size}; "
+                                   "the runs must tile it exactly (Datum.with_provenance checks this)")
+
+
+def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind: str, loss_fn: str) -> None:
+    """Checks the datums' spans (module docstring); for stable_reinforce also their records, then marks them used."""
+    for i, datum in enumerate(data):
+        for field in SPAN_FIELDS:
+            if field in datum:
+                _check_tiling(datum[field], _field_tokens(datum, field), f"{kind}: datum {i} {field}")
+    if loss_fn != "stable_reinforce":
+        return  # provenance only: nothing else reads it
+    named = {span["sequence_id"].rpartition(":")[0] for datum in data for field in SPAN_FIELDS
+             for span in datum.get(field, ())}
+    if not named:
+        return
+    now = datetime.now(timezone.utc)
+    records = _records(db, named)
+    for i, datum in enumerate(data):
+        for field in SPAN_FIELDS:
+            tokens, position = _field_tokens(datum, field), 0
+            for span in datum.get(field, ()):
+                where = f"{kind}: datum {i} {field} names sequence {span['sequence_id']!r}"
+                recorded = _recorded_tokens(records, span, who, now, where)
+                end = span["offset"] + span["length"]
+                if end > len(recorded):
+                    raise InvalidArgumentError(f"{where} at positions [{span['offset']}, {end}), but its "
+                                               f"{span['kind']} tokens number {len(recorded)}")
+                if tokens is not None and list(tokens[position:position + span["length"]]) != \
+                        recorded[span["offset"]:end]:
+                    raise InvalidArgumentError(f"{where}, but the datum's tokens there differ from the sequence's "
+                                               f"{span['kind']} tokens [{span['offset']}, {end})")
+                position += span["length"]
+    _mark_used(db, named, now)
+
+
+def _records(db: Connection, request_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The named sample futures with their owner and last use, by id (unknown ids are absent)."""
+    rows = db.execute(select(FutureRecord.id, FutureRecord.request_type, FutureRecord.status, FutureRecord.request,
+                             FutureRecord.result, FutureRecord.completed_at, SessionRecord.owner_key_id,
+                             StabilityUseRecord.last_used_at)
+                      .join(SessionRecord, SessionRecord.id == FutureRecord.session_id)
+                      .outerjoin(StabilityUseRecord, StabilityUseRecord.request_id == FutureRecord.id)
+                      .where(FutureRecord.id.in_(sorted(request_ids)))).all()
+    return {row.id: row._asdict() for row in rows if row.request_type == "sample"}
+
+
+def _recorded_tokens(records: dict[str, dict[str, Any]], span: dict[str, Any], who: Any, now: datetime,
+                     where: str) -> list[int]:
+    request_id, _, index_text = span["sequence_id"].rpartition(":")
+    record = records.get(request_id)
+    if record is None or not who.sees(record["owner_key_id"]) or not index_text.isdigit() or \
+            int(index_text) >= record["request"].get("num_samples", 0):
+        raise InvalidArgumentError(f"{where}, which is unknown: name a SampledSequence.sequence_id of this API key's "
+                                   "samples")
+    if not record["request"].get("record_stability_info"):
+        raise InvalidArgumentError(f"{where}, which was sampled without record_stability_info=True: sample with it "
+                                   "for stable_reinforce")
+    if record["status"] != FutureStatus.COMPLETED.value:
+        raise InvalidArgumentError(f"{where}, whose sample has {record['status']} rather than completed: train on "
+                                   "sequences once their sample has returned")
+    last_use = record["last_used_at"] or record["completed_at"]
+    if now - last_use > STABILITY_RECORD_TTL:
+        raise InvalidArgumentError(f"{where}, whose stability record expired (records last a day after their last "
+                                   f"use; this one was last used {last_use.isoformat()}): sample it again")
+    if span["kind"] == "prompt":
+        return list(record["request"]["prompt_tokens"])
+    return list(record["result"]["sequences"][int(index_text)]["tokens"])
+
+
+def _mark_used(db: Connection, request_ids: set[str], now: datetime) -> None:
+    """last_used_at = now for each record, inserted or updated in one statement (concurrent uses cannot collide)."""
+    if db.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    statement = insert(StabilityUseRecord).values([{"request_id": r, "last_used_at": now} for r in sorted(request_ids)])
+    db.execute(statement.on_conflict_do_update(index_elements=["request_id"],
+                                               set_={"last_used_at": statement.excluded.last_used_at}))
