@@ -4,7 +4,8 @@ records they name.
 Every loss: a datum's `model_input_spans` must tile its input tokens and its `loss_fn_input_spans` its
 `target_tokens` (run lengths summing to the field's length). `stable_reinforce`: every sequence a span names must be
 a recorded sample (asample with `record_stability_info=True`) of the caller, finished, not expired, and the span's
-positions must be in range and hold, token for token, what that sample's prompt or sampled tokens hold there. The
+positions must be in range and hold, token for token, what that sample's prompt or sampled tokens hold there (the
+targets' prompt runs only in range: they carry no loss, and the cookbook pads them with 0). The
 record is the sample's own future (its prompt and result); it expires a day after its last use by a datum, or after
 its completion if no datum named it yet (STABILITY_RECORD_TTL). Each accepted use moves that day on
 (db StabilityUseRecord; engine/retention.py keeps the futures of unexpired records).
@@ -70,12 +71,21 @@ def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind:
                 if end > len(recorded):
                     raise InvalidArgumentError(f"{where} at positions [{span['offset']}, {end}), but its "
                                                f"{span['kind']} tokens number {len(recorded)}")
-                if tokens is not None and list(tokens[position:position + span["length"]]) != \
-                        recorded[span["offset"]:end]:
-                    raise InvalidArgumentError(f"{where}, but the datum's tokens there differ from the sequence's "
-                                               f"{span['kind']} tokens [{span['offset']}, {end})")
+                # Prompt runs of the targets are not compared: they carry no loss, and the cookbook's rl_loop pads
+                # them with 0 (what it trains on are the sampled runs).
+                if tokens is not None and not (field == "loss_fn_input_spans" and span["kind"] == "prompt"):
+                    _check_same_tokens(tokens[position:position + span["length"]], recorded[span["offset"]:end],
+                                       position, span, where)
                 position += span["length"]
     _mark_used(db, named, now)
+
+
+def _check_same_tokens(claimed: np.ndarray, recorded: list[int], position: int, span: dict[str, Any],
+                       where: str) -> None:
+    for k, (have, want) in enumerate(zip(claimed.tolist(), recorded)):
+        if have != want:
+            raise InvalidArgumentError(f"{where}, but the datum's token at position {position + k} is {have} where "
+                                       f"the sequence's {span['kind']} token {span['offset'] + k} is {want}")
 
 
 def _records(db: Connection, request_ids: set[str]) -> dict[str, dict[str, Any]]:

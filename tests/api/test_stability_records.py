@@ -81,7 +81,7 @@ def test_a_span_naming_an_unknown_sequence_is_a_user_error_naming_it(trainer: An
 def test_tokens_other_than_the_sequences_are_refused(trainer: Any, recorded: list[types.SampledSequence]) -> None:
     seq = recorded[0]
     changed = [(t + 1) % 2000 for t in seq.tokens]
-    refused(trainer, [datum(seq, changed)], repr(seq.sequence_id), "differ")
+    refused(trainer, [datum(seq, changed)], repr(seq.sequence_id), "where the sequence")
     longer = datum(seq, list(seq.tokens) + [7])  # one position past the sampled tokens
     refused(trainer, [longer], repr(seq.sequence_id), "positions")
 
