@@ -2,13 +2,15 @@
 records they name.
 
 Every loss: a datum's `model_input_spans` must tile its input tokens and its `loss_fn_input_spans` its
-`target_tokens` (run lengths summing to the field's length). `stable_reinforce`: every sequence a span names must be
-a recorded sample (asample with `record_stability_info=True`) of the caller, finished, not expired, and the span's
-positions must be in range and hold, token for token, what that sample's prompt or sampled tokens hold there (the
-targets' prompt runs only in range: they carry no loss, and the cookbook pads them with 0). The
-record is the sample's own future (its prompt and result); it expires a day after its last use by a datum, or after
-its completion if no datum named it yet (STABILITY_RECORD_TTL). Each accepted use moves that day on
-(db StabilityUseRecord; engine/retention.py keeps the futures of unexpired records).
+`target_tokens` (run lengths summing to the field's length).
+
+`stable_reinforce`: every sequence a span names must be a recorded sample (asample with `record_stability_info=True`)
+of the training model's own session (recorded sequences belong to the session that sampled them, as the Tinker docs
+say), finished and not expired. The span's positions must be in range and hold, token for token, what that sample's
+prompt or sampled tokens hold there (the targets' prompt runs only in range: they carry no loss, and the cookbook
+pads them with 0). The record is the sample's own future (its prompt and result). It expires a day after its last
+use by a datum, or a day after its completion if no datum named it yet (STABILITY_RECORD_TTL); each accepted use
+restarts that day (db StabilityUseRecord; engine/retention.py keeps the futures of unexpired records).
 
 Each failure is an InvalidArgumentError naming the datum, the field and the sequence_id (a 400, or, where the
 request consumed its seq_id, a failed future of category "user")."""
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, select
 
-from skyrl_tx.db.models import (STABILITY_RECORD_TTL, FutureRecord, FutureStatus, SessionRecord,
+from skyrl_tx.db.models import (STABILITY_RECORD_TTL, FutureRecord, FutureStatus, ModelRecord, SessionRecord,
                                StabilityUseRecord)
 from skyrl_tx.errors import InvalidArgumentError
 
@@ -47,7 +49,8 @@ def _check_tiling(spans: list[dict[str, Any]], tokens: np.ndarray | None, where:
                                    "the runs must tile it exactly (Datum.with_provenance checks this)")
 
 
-def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind: str, loss_fn: str) -> None:
+def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind: str, loss_fn: str,
+                     model_id: str) -> None:
     """Checks the datums' spans (module docstring); for stable_reinforce also their records, then marks them used."""
     for i, datum in enumerate(data):
         for field in SPAN_FIELDS:
@@ -60,7 +63,9 @@ def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind:
     if not named:
         return
     now = datetime.now(timezone.utc)
-    records = _records(db, named)
+    # Recorded sequences belong to the session that sampled them: the training model's session.
+    session_id = db.execute(select(ModelRecord.session_id).where(ModelRecord.id == model_id)).scalar_one()
+    records = {k: v for k, v in _records(db, named).items() if v["session_id"] == session_id}
     for i, datum in enumerate(data):
         for field in SPAN_FIELDS:
             tokens, position = _field_tokens(datum, field), 0
@@ -90,7 +95,8 @@ def _check_same_tokens(claimed: np.ndarray, recorded: list[int], position: int, 
 
 def _records(db: Connection, request_ids: set[str]) -> dict[str, dict[str, Any]]:
     """The named sample futures with their owner and last use, by id (unknown ids are absent)."""
-    rows = db.execute(select(FutureRecord.id, FutureRecord.request_type, FutureRecord.status, FutureRecord.request,
+    rows = db.execute(select(FutureRecord.id, FutureRecord.session_id, FutureRecord.request_type, FutureRecord.status,
+                             FutureRecord.request,
                              FutureRecord.result, FutureRecord.completed_at, SessionRecord.owner_key_id,
                              StabilityUseRecord.last_used_at)
                       .join(SessionRecord, SessionRecord.id == FutureRecord.session_id)
@@ -105,8 +111,8 @@ def _recorded_tokens(records: dict[str, dict[str, Any]], span: dict[str, Any], w
     record = records.get(request_id)
     if record is None or not who.sees(record["owner_key_id"]) or not index_text.isdigit() or \
             int(index_text) >= record["request"].get("num_samples", 0):
-        raise InvalidArgumentError(f"{where}, which is unknown: name a SampledSequence.sequence_id of this API key's "
-                                   "samples")
+        raise InvalidArgumentError(f"{where}, which is unknown: name a SampledSequence.sequence_id sampled in this "
+                                   "training model's session")
     if not record["request"].get("record_stability_info"):
         raise InvalidArgumentError(f"{where}, which was sampled without record_stability_info=True: sample with it "
                                    "for stable_reinforce")

@@ -1,7 +1,8 @@
 """Stability records through the real SDK: a sampling client made with record_stability_info=True records its
 samples, and stable_reinforce datums that name them in provenance spans (Datum.with_provenance, as the cookbook's
 RL recipes build them) train; a span naming an unknown sequence, a sequence sampled without recording, tokens other
-than the sequence's, positions past its end or an expired record is a user error naming the sequence; other losses
+than the sequence's, positions past its end, another session's record or an expired record is a user error naming
+the sequence; other losses
 take spans as provenance only (but spans must tile their field for every loss)."""
 
 from __future__ import annotations
@@ -119,3 +120,11 @@ def test_an_expired_record_is_a_user_error_naming_it(server_url: Any, trainer: A
     engine.dispose()
     assert updated == 1
     refused(trainer, [datum(seq)], repr(seq.sequence_id), "expired")
+
+
+def test_recorded_sequences_belong_to_the_session_that_sampled_them(tinker_env: Any,
+                                                                    recorded: list[types.SampledSequence]) -> None:
+    """Another session (same key) cannot train on this session's records: to it they are unknown."""
+    with tinker.ServiceClient() as other:
+        stranger = other.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result()
+        refused(stranger, [datum(recorded[0])], repr(recorded[0].sequence_id), "unknown")
