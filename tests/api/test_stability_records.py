@@ -1,9 +1,8 @@
 """Stability records through the real SDK: a sampling client made with record_stability_info=True records its
 samples, and stable_reinforce datums that name them in provenance spans (Datum.with_provenance, as the cookbook's
-RL recipes build them) train; a span naming an unknown sequence, a sequence sampled without recording, tokens other
+RL recipes build them) train. A span naming an unknown sequence, a sequence sampled without recording, tokens other
 than the sequence's, positions past its end, another session's record or an expired record is a user error naming
-the sequence; other losses
-take spans as provenance only (but spans must tile their field for every loss)."""
+the sequence. Other losses take spans as provenance only (but spans must tile their field for every loss)."""
 
 from __future__ import annotations
 
