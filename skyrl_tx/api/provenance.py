@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, select
 
-from skyrl_tx.db.models import (STABILITY_RECORD_TTL, FutureRecord, FutureStatus, ModelRecord, SessionRecord,
-                               StabilityUseRecord)
+from skyrl_tx.db.models import STABILITY_RECORD_TTL, FutureRecord, FutureStatus, ModelRecord, StabilityUseRecord
 from skyrl_tx.errors import InvalidArgumentError
 
 SPAN_FIELDS = ("model_input_spans", "loss_fn_input_spans")
@@ -49,8 +48,7 @@ def _check_tiling(spans: list[dict[str, Any]], tokens: np.ndarray | None, where:
                                    "the runs must tile it exactly (Datum.with_provenance checks this)")
 
 
-def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind: str, loss_fn: str,
-                     model_id: str) -> None:
+def check_provenance(db: Connection, data: list[dict[str, Any]], kind: str, loss_fn: str, model_id: str) -> None:
     """Checks the datums' spans (module docstring); for stable_reinforce also their records, then marks them used."""
     for i, datum in enumerate(data):
         for field in SPAN_FIELDS:
@@ -63,15 +61,16 @@ def check_provenance(db: Connection, data: list[dict[str, Any]], who: Any, kind:
     if not named:
         return
     now = datetime.now(timezone.utc)
-    # Recorded sequences belong to the session that sampled them: the training model's session.
+    # Recorded sequences belong to the session that sampled them: the training model's session, which the caller
+    # owns (the route checked the model's owner), so no owner check is needed here.
     session_id = db.execute(select(ModelRecord.session_id).where(ModelRecord.id == model_id)).scalar_one()
-    records = {k: v for k, v in _records(db, named).items() if v["session_id"] == session_id}
+    records = _records(db, named, session_id)
     for i, datum in enumerate(data):
         for field in SPAN_FIELDS:
             tokens, position = _field_tokens(datum, field), 0
             for span in datum.get(field, ()):
                 where = f"{kind}: datum {i} {field} names sequence {span['sequence_id']!r}"
-                recorded = _recorded_tokens(records, span, who, now, where)
+                recorded = _recorded_tokens(records, span, now, where)
                 end = span["offset"] + span["length"]
                 if end > len(recorded):
                     raise InvalidArgumentError(f"{where} at positions [{span['offset']}, {end}), but its "
@@ -93,24 +92,20 @@ def _check_same_tokens(claimed: np.ndarray, recorded: list[int], position: int, 
                                        f"the sequence's {span['kind']} token {span['offset'] + k} is {want}")
 
 
-def _records(db: Connection, request_ids: set[str]) -> dict[str, dict[str, Any]]:
-    """The named sample futures with their owner and last use, by id (unknown ids are absent)."""
-    rows = db.execute(select(FutureRecord.id, FutureRecord.session_id, FutureRecord.request_type, FutureRecord.status,
-                             FutureRecord.request,
-                             FutureRecord.result, FutureRecord.completed_at, SessionRecord.owner_key_id,
-                             StabilityUseRecord.last_used_at)
-                      .join(SessionRecord, SessionRecord.id == FutureRecord.session_id)
+def _records(db: Connection, request_ids: set[str], session_id: str) -> dict[str, dict[str, Any]]:
+    """The named samples of `session_id` with their last use, by id (unknown ids and other sessions' are absent)."""
+    rows = db.execute(select(FutureRecord.id, FutureRecord.status, FutureRecord.request, FutureRecord.result,
+                             FutureRecord.completed_at, StabilityUseRecord.last_used_at)
                       .outerjoin(StabilityUseRecord, StabilityUseRecord.request_id == FutureRecord.id)
-                      .where(FutureRecord.id.in_(sorted(request_ids)))).all()
-    return {row.id: row._asdict() for row in rows if row.request_type == "sample"}
+                      .where(FutureRecord.id.in_(sorted(request_ids)), FutureRecord.session_id == session_id,
+                             FutureRecord.request_type == "sample")).all()
+    return {row.id: row._asdict() for row in rows}
 
 
-def _recorded_tokens(records: dict[str, dict[str, Any]], span: dict[str, Any], who: Any, now: datetime,
-                     where: str) -> list[int]:
+def _recorded_tokens(records: dict[str, dict[str, Any]], span: dict[str, Any], now: datetime, where: str) -> list[int]:
     request_id, _, index_text = span["sequence_id"].rpartition(":")
     record = records.get(request_id)
-    if record is None or not who.sees(record["owner_key_id"]) or not index_text.isdigit() or \
-            int(index_text) >= record["request"].get("num_samples", 0):
+    if record is None or not index_text.isdigit() or int(index_text) >= record["request"].get("num_samples", 0):
         raise InvalidArgumentError(f"{where}, which is unknown: name a SampledSequence.sequence_id sampled in this "
                                    "training model's session")
     if not record["request"].get("record_stability_info"):

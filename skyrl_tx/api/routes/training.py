@@ -142,7 +142,7 @@ async def forward_backward(request: Request, who: CallerDep) -> ModelFuture:
                                                "ServiceClient.create_custom_loss")
                 check_finite_mapping(decoded["loss_fn_config"], "loss_fn_config", kind)
             check_datums(decoded["data"], request.app.state.max_positions, kind)
-            check_provenance(db, decoded["data"], who, kind, decoded["loss_fn"], model_id)  # spans and records
+            check_provenance(db, decoded["data"], kind, decoded["loss_fn"], model_id)  # spans and records
         # The datums stay in the SDK's protobuf, stored (and hashed) as bytes; the JSON holds the metadata.
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
