@@ -22,12 +22,13 @@ import os
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from skyrl_tx.bench.live_server import LiveServer, bench_server
 from skyrl_tx.bench.report import write_json
+from skyrl_tx.bench.timing import timed
 
 RANK = 8
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 12]
@@ -96,17 +97,6 @@ class HttpExchangeTimer:
             httpx.AsyncClient.send = original  # type: ignore[method-assign]
 
 
-def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def _engine_pid(url: str) -> int | None:
     with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=5) as response:
         return json.loads(response.read()).get("engine_pid")
@@ -147,7 +137,7 @@ def sdk_round_trips(live: LiveServer, base_model: str, warmup: int, reps: int) -
         timer = HttpExchangeTimer()
         with timer.installed():
             for name, call in calls.items():
-                _timed(call, warmup, 0)
+                timed(call, warmup, 0)
                 before = cpu_now()
                 rtt[name], outside[name] = [], []
                 for _ in range(reps):
@@ -194,9 +184,9 @@ def direct_compute(base_model: str, warmup: int, reps: int) -> dict[str, list[fl
     sample = SampleRequest(PROMPT, SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=1, stop=[]),
                            weights_id="bench@0")
     return {
-        "forward_backward": _timed(lambda: backend.forward_backward([request]), warmup, reps),
-        "optim_step": _timed(lambda: backend.optim_step("bench", AdamParams(learning_rate=1e-4)), warmup, reps),
-        "sample": _timed(lambda: backend.sample([sample]), warmup, reps),
+        "forward_backward": timed(lambda: backend.forward_backward([request]), warmup, reps),
+        "optim_step": timed(lambda: backend.optim_step("bench", AdamParams(learning_rate=1e-4)), warmup, reps),
+        "sample": timed(lambda: backend.sample([sample]), warmup, reps),
     }
 
 

@@ -17,12 +17,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from skyrl_tx.bench import workloads as wl
 from skyrl_tx.bench.configs import CONFIGS, default_config
+from skyrl_tx.bench.timing import timed
 
 # The profiler's names of the ops that are GEMMs, in-place forms included (LoRA's expand accumulates with addmm_).
 # Attention is not among them: the fused SDPA kernel is reported with the other ops.
@@ -41,13 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _wall(run: Callable[[], None], reps: int) -> float:
     """Median seconds of `reps` runs, after one untimed warm-up run."""
-    run()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(run, 1, reps))
 
 
 TOP_OTHER_OPS = 8  # the costliest non-GEMM ops are listed too: where the overhead is
