@@ -72,6 +72,13 @@ class ModelConfig:
     norm_topk_prob: bool
     qk_norm: bool
     rope_interleave: bool
+    partial_rotary_factor: float
+    layer_types: list[str]
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
     rope_scaling: RopeScaling
     scoring_func: str
     tie_word_embeddings: bool
@@ -80,6 +87,10 @@ class ModelConfig:
     def mlp_layout(self) -> list[str]:
         """
         One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.
+        """
+    def mixer_layout(self) -> list[str]:
+        """
+        One token-mixer kind per layer ('attention' or 'gated_deltanet'), from layer_types.
         """
     def validate(self) -> None:
         ...

@@ -62,6 +62,13 @@ void bind_models(py::module_& m) {
       .def_readwrite("qk_rope_head_dim", &ModelConfig::qk_rope_head_dim)
       .def_readwrite("v_head_dim", &ModelConfig::v_head_dim)
       .def_readwrite("rope_interleave", &ModelConfig::rope_interleave)
+      .def_readwrite("partial_rotary_factor", &ModelConfig::partial_rotary_factor)
+      .def_readwrite("layer_types", &ModelConfig::layer_types)
+      .def_readwrite("linear_num_key_heads", &ModelConfig::linear_num_key_heads)
+      .def_readwrite("linear_num_value_heads", &ModelConfig::linear_num_value_heads)
+      .def_readwrite("linear_key_head_dim", &ModelConfig::linear_key_head_dim)
+      .def_readwrite("linear_value_head_dim", &ModelConfig::linear_value_head_dim)
+      .def_readwrite("linear_conv_kernel_dim", &ModelConfig::linear_conv_kernel_dim)
       .def("validate", &ModelConfig::validate)
       .def(
           "mlp_layout",
@@ -70,7 +77,15 @@ void bind_models(py::module_& m) {
             for (models::MlpKind k : models::mlp_layout(c)) kinds.emplace_back(models::mlp_kind_name(k));
             return kinds;
           },
-          "One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.");
+          "One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.")
+      .def(
+          "mixer_layout",
+          [](const ModelConfig& c) {
+            std::vector<std::string> kinds;
+            for (models::MixerKind k : models::mixer_layout(c)) kinds.emplace_back(models::mixer_kind_name(k));
+            return kinds;
+          },
+          "One token-mixer kind per layer ('attention' or 'gated_deltanet'), from layer_types.");
   m.def(
       "supported_architectures",
       [] {
@@ -82,6 +97,7 @@ void bind_models(py::module_& m) {
           d["attention"] = models::attention_kind_name(spec.attention);
           d["layout"] = models::layout_rule_name(spec.layout);
           d["qk_norm"] = spec.qk_norm;
+          d["zero_centered_norm"] = spec.zero_centered_norm;
           out.push_back(std::move(d));
         }
         return out;

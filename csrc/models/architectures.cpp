@@ -1,4 +1,4 @@
-// The architecture registry: Hugging Face model_type / class → attention kind, MLP layout rule, q/k norm.
+// The architecture registry: Hugging Face model_type / class → attention kind, MLP layout rule, norms; layer layouts.
 #include "models/architectures.h"
 
 #include <algorithm>
@@ -9,10 +9,13 @@ namespace skyrl_tx::models {
 
 const std::vector<ArchitectureSpec>& architectures() {
   static const std::vector<ArchitectureSpec> specs{
-      {"qwen3", "Qwen3ForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/true},
-      {"llama", "LlamaForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, /*qk_norm=*/false},
-      {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionKind::kGqa, LayoutRule::kSparseStep, /*qk_norm=*/true},
-      {"deepseek_v3", "DeepseekV3ForCausalLM", AttentionKind::kMla, LayoutRule::kFirstKDense, /*qk_norm=*/false},
+      // model_type, class, attention, MLP layout, qk_norm, zero_centered_norm
+      {"qwen3", "Qwen3ForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, true, false},
+      {"llama", "LlamaForCausalLM", AttentionKind::kGqa, LayoutRule::kAllDense, false, false},
+      {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionKind::kGqa, LayoutRule::kSparseStep, true, false},
+      {"deepseek_v3", "DeepseekV3ForCausalLM", AttentionKind::kMla, LayoutRule::kFirstKDense, false, false},
+      // Qwen3.5's text model: Gated DeltaNet and gated-attention layers per layer_types, dense SwiGLU MLPs.
+      {"qwen3_5_text", "Qwen3_5ForCausalLM", AttentionKind::kGatedGqa, LayoutRule::kAllDense, true, true},
   };
   return specs;
 }
@@ -51,10 +54,35 @@ std::vector<MlpKind> mlp_layout(const ModelConfig& config) {
   return kinds;
 }
 
+std::vector<MixerKind> mixer_layout(const ModelConfig& config) {
+  std::vector<MixerKind> kinds(config.num_hidden_layers, MixerKind::kAttention);
+  if (config.layer_types.empty()) return kinds;
+  SKYRL_TX_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers, InvalidArgument,
+                 "model config: layer_types has ", config.layer_types.size(), " entries for ",
+                 config.num_hidden_layers, " layers");
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string& type = config.layer_types[i];
+    SKYRL_TX_CHECK(type == "full_attention" || type == "linear_attention", Unimplemented,
+                   "model config: layer_types[", i, "] = '", type,
+                   "' is not supported (supported: full_attention, linear_attention)");
+    if (type == "linear_attention") kinds[i] = MixerKind::kGatedDeltaNet;
+  }
+  return kinds;
+}
+
 const char* attention_kind_name(AttentionKind kind) {
   switch (kind) {
     case AttentionKind::kGqa: return "gqa";
     case AttentionKind::kMla: return "mla";
+    case AttentionKind::kGatedGqa: return "gated_gqa";
+  }
+  return "?";
+}
+
+const char* mixer_kind_name(MixerKind kind) {
+  switch (kind) {
+    case MixerKind::kAttention: return "attention";
+    case MixerKind::kGatedDeltaNet: return "gated_deltanet";
   }
   return "?";
 }

@@ -1,4 +1,4 @@
-// The architecture registry: Hugging Face model_type / class → attention kind, MLP layout rule, q/k norm.
+// The architecture registry: Hugging Face model_type / class → attention kind, MLP layout rule, norms; layer layouts.
 #pragma once
 
 #include <string>
@@ -8,7 +8,12 @@
 
 namespace skyrl_tx::models {
 
-enum class AttentionKind { kGqa, kMla };  // grouped-query attention; multi-head latent attention (DeepSeek V2/V3)
+/// Grouped-query attention; multi-head latent attention (DeepSeek V2/V3); Qwen3.5's gated GQA (q_proj also
+/// yields a per-head output gate, sigmoid-applied before o_proj).
+enum class AttentionKind { kGqa, kMla, kGatedGqa };
+/// What mixes tokens in one layer: softmax attention (the spec's AttentionKind) or a Gated DeltaNet
+/// (linear attention with a recurrent state, Qwen3.5's "linear_attention" layers).
+enum class MixerKind { kAttention, kGatedDeltaNet };
 enum class MlpKind { kDense, kMoe };  // SwiGLU; routed SwiGLU experts (+ optional shared experts)
 
 /// How config.json says which layers are MoE layers.
@@ -24,6 +29,7 @@ struct ArchitectureSpec {
   AttentionKind attention;
   LayoutRule layout;
   bool qk_norm;              // RMSNorm over head_dim on q and k before RoPE (Qwen3 family)
+  bool zero_centered_norm;   // every RMSNorm scales by (1 + weight) (Qwen3.5), not by weight
 };
 
 /// Every supported architecture, in a stable order (the Python table is tested against this list).
@@ -32,10 +38,13 @@ const std::vector<ArchitectureSpec>& architectures();
 const ArchitectureSpec& find_architecture(const std::string& architecture);
 /// One MlpKind per layer, from the spec's layout rule and the config's MoE fields.
 std::vector<MlpKind> mlp_layout(const ModelConfig& config);
+/// One MixerKind per layer, from config.layer_types (all attention when it is empty).
+std::vector<MixerKind> mixer_layout(const ModelConfig& config);
 
 const char* attention_kind_name(AttentionKind kind);
 const char* layout_rule_name(LayoutRule rule);
 const char* mlp_kind_name(MlpKind kind);
+const char* mixer_kind_name(MixerKind kind);
 /// Tensors a model copy carries and saves that no optimizer updates (transformers' buffers), e.g. DeepSeek V3's
 /// router `e_score_correction_bias`: its gradient is always 0, but AdamW's weight decay would still shrink it.
 bool is_buffer_name(const std::string& name);

@@ -25,7 +25,8 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i), i));
   }
-  norm_ = std::make_unique<RmsNorm>(store.take("model.norm.weight", {config.hidden_size}), config.rms_norm_eps);
+  norm_ = std::make_unique<RmsNorm>(store.take("model.norm.weight", {config.hidden_size}), config.rms_norm_eps,
+                                    find_architecture(config.architecture).zero_centered_norm);
   at::Tensor head = config.tie_word_embeddings
                         ? store.take_optional("lm_head.weight", {config.vocab_size, config.hidden_size})
                         : store.take("lm_head.weight", {config.vocab_size, config.hidden_size});
@@ -39,7 +40,9 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
   }
   lora_modules_.push_back({"lm_head", LoraGroup::kUnembed, lm_head_.get()});
   const std::vector<MlpKind> layout = mlp_layout(config_);
-  cuda_graph_capturable_ = std::find(layout.begin(), layout.end(), MlpKind::kMoe) == layout.end();
+  // Gated DeltaNet decode updates recurrent state rows the static decoder does not manage: eager too.
+  cuda_graph_capturable_ = std::find(layout.begin(), layout.end(), MlpKind::kMoe) == layout.end() &&
+                           !config_.has_linear_attention();
 }
 
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,

@@ -1,10 +1,11 @@
-// Decoder building blocks: RMSNorm, the attention and MLP seams (GQA, SwiGLU), and the decoder layer.
+// Decoder building blocks: RMSNorm, the token-mixer and MLP seams (GQA, SwiGLU), and the decoder layer.
 #include "models/layers.h"
 
 #include <cmath>
 
 #include "common/errors.h"
 #include "models/architectures.h"
+#include "models/gated_deltanet.h"
 #include "models/mla.h"
 #include "models/moe.h"
 #include "models/rope.h"
@@ -19,6 +20,11 @@ lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, 
 }
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) const {
+  if (zero_centered_) {  // (x * w) in float32, then the cast (Qwen3_5RMSNorm), unlike Llama's cast-then-scale
+    at::Tensor x32 = x.to(at::kFloat);
+    at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return (normed * (1.0 + weight_.to(at::kFloat))).to(x.scalar_type());
+  }
   if (ops::can_use_fused_rmsnorm(x)) return ops::fused_rmsnorm(x, weight_, eps_);
   at::Tensor x32 = x.to(at::kFloat);
   at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
@@ -29,8 +35,9 @@ Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::st
     : num_heads_(config.num_attention_heads),
       num_kv_heads_(config.num_key_value_heads),
       head_dim_(config.resolved_head_dim()),
-      q_proj_(make_lora_linear(ctx, prefix + ".q_proj", num_heads_ * head_dim_, config.hidden_size,
-                               config.attention_bias)),
+      gated_(find_architecture(config.architecture).attention == AttentionKind::kGatedGqa),
+      q_proj_(make_lora_linear(ctx, prefix + ".q_proj", num_heads_ * head_dim_ * (gated_ ? 2 : 1),
+                               config.hidden_size, config.attention_bias)),
       k_proj_(make_lora_linear(ctx, prefix + ".k_proj", num_kv_heads_ * head_dim_, config.hidden_size,
                                config.attention_bias)),
       v_proj_(make_lora_linear(ctx, prefix + ".v_proj", num_kv_heads_ * head_dim_, config.hidden_size,
@@ -38,8 +45,11 @@ Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::st
       o_proj_(make_lora_linear(ctx, prefix + ".o_proj", config.hidden_size, num_heads_ * head_dim_,
                                config.attention_bias)) {
   if (config.qk_norm) {
-    qk_norm_.emplace_back(ctx.weights.take(prefix + ".q_norm.weight", {head_dim_}), config.rms_norm_eps);
-    qk_norm_.emplace_back(ctx.weights.take(prefix + ".k_norm.weight", {head_dim_}), config.rms_norm_eps);
+    const bool zero_centered = find_architecture(config.architecture).zero_centered_norm;
+    qk_norm_.emplace_back(ctx.weights.take(prefix + ".q_norm.weight", {head_dim_}), config.rms_norm_eps,
+                          zero_centered);
+    qk_norm_.emplace_back(ctx.weights.take(prefix + ".k_norm.weight", {head_dim_}), config.rms_norm_eps,
+                          zero_centered);
   }
 }
 
@@ -49,7 +59,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
   // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
-  at::Tensor q = q_proj_.forward(flat, segments).view({batch, seq, num_heads_, head_dim_});
+  at::Tensor q = q_proj_.forward(flat, segments);
+  at::Tensor gate;  // gated: [B * T, heads * D], each head's second half of q_proj's [query | gate]
+  if (gated_) {
+    at::Tensor both = q.view({batch, seq, num_heads_, 2 * head_dim_});
+    gate = both.narrow(-1, head_dim_, head_dim_).reshape({batch * seq, num_heads_ * head_dim_});
+    q = both.narrow(-1, 0, head_dim_);
+  }
+  q = q.view({batch, seq, num_heads_, head_dim_});
   at::Tensor k = k_proj_.forward(flat, segments).view({batch, seq, num_kv_heads_, head_dim_});
   at::Tensor v = v_proj_.forward(flat, segments).view({batch, seq, num_kv_heads_, head_dim_});
   if (!qk_norm_.empty()) {  // Qwen3: per-head RMSNorm before RoPE
@@ -91,6 +108,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   at::Tensor attn = at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
                                                      /*enable_gqa=*/num_heads_ != num_kv_heads_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
+  if (gated_) merged = merged * at::sigmoid(gate);
   return o_proj_.forward(merged, segments).view({batch, seq, -1});
 }
 
@@ -142,10 +160,18 @@ void SwiGluMlp::collect_parameters(const std::string& prefix, std::vector<NamedP
 
 namespace {
 
-std::unique_ptr<AttentionModule> make_attention(const ModelConfig& config, BuildContext& ctx,
-                                                const std::string& prefix) {
+const char* mixer_name(const ModelConfig& config, int64_t index) {
+  return mixer_layout(config).at(index) == MixerKind::kGatedDeltaNet ? "linear_attn" : "self_attn";
+}
+
+std::unique_ptr<AttentionModule> make_mixer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix,
+                                            int64_t index) {
+  if (mixer_layout(config).at(index) == MixerKind::kGatedDeltaNet) {
+    return std::make_unique<GatedDeltaNet>(config, ctx, prefix);
+  }
   switch (find_architecture(config.architecture).attention) {
-    case AttentionKind::kGqa: return std::make_unique<Attention>(config, ctx, prefix);
+    case AttentionKind::kGqa:
+    case AttentionKind::kGatedGqa: return std::make_unique<Attention>(config, ctx, prefix);
     case AttentionKind::kMla: return std::make_unique<MlaAttention>(config, ctx, prefix);
   }
   throw Internal("unknown attention kind");
@@ -164,28 +190,29 @@ std::unique_ptr<MlpModule> make_mlp(const ModelConfig& config, BuildContext& ctx
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, BuildContext& ctx, const std::string& prefix, int64_t index)
     : input_layernorm_(ctx.weights.take(prefix + ".input_layernorm.weight", {config.hidden_size}),
-                       config.rms_norm_eps),
+                       config.rms_norm_eps, find_architecture(config.architecture).zero_centered_norm),
       post_attention_layernorm_(ctx.weights.take(prefix + ".post_attention_layernorm.weight", {config.hidden_size}),
-                                config.rms_norm_eps),
-      self_attn_(make_attention(config, ctx, prefix + ".self_attn")),
+                                config.rms_norm_eps, find_architecture(config.architecture).zero_centered_norm),
+      mixer_name_(mixer_name(config, index)),
+      mixer_(make_mixer(config, ctx, prefix + "." + mixer_name_, index)),
       mlp_(make_mlp(config, ctx, prefix + ".mlp", index)) {}
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
-  at::Tensor h = x + self_attn_->forward(input_layernorm_.forward(x), cos, sin, mask, segments, cache, layer);
+  at::Tensor h = x + mixer_->forward(input_layernorm_.forward(x), cos, sin, mask, segments, cache, layer);
   at::Tensor normed = post_attention_layernorm_.forward(h);
   return h + mlp_->forward(normed.reshape({-1, normed.size(-1)}), segments).view_as(h);
 }
 
 void DecoderLayer::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  self_attn_->collect_lora(prefix + ".self_attn", out);
+  mixer_->collect_lora(prefix + "." + mixer_name_, out);
   mlp_->collect_lora(prefix + ".mlp", out);
 }
 
 void DecoderLayer::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
   out.emplace_back(prefix + ".input_layernorm.weight", input_layernorm_.weight());
-  self_attn_->collect_parameters(prefix + ".self_attn", out);
+  mixer_->collect_parameters(prefix + "." + mixer_name_, out);
   out.emplace_back(prefix + ".post_attention_layernorm.weight", post_attention_layernorm_.weight());
   mlp_->collect_parameters(prefix + ".mlp", out);
 }

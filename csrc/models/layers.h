@@ -1,4 +1,4 @@
-// Decoder building blocks: RMSNorm, the attention and MLP seams (GQA, SwiGLU), and the decoder layer.
+// Decoder building blocks: RMSNorm, the token-mixer and MLP seams (GQA, SwiGLU), and the decoder layer.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,7 +34,9 @@ struct BuildContext {
 
 class RmsNorm {
  public:
-  RmsNorm(at::Tensor weight, double eps) : weight_(std::move(weight)), eps_(eps) {}
+  /// zero_centered: scale by (1 + weight) in float32, then cast (Qwen3.5's Qwen3_5RMSNorm; weights stored near 0).
+  RmsNorm(at::Tensor weight, double eps, bool zero_centered = false)
+      : weight_(std::move(weight)), eps_(eps), zero_centered_(zero_centered) {}
   /// Normalises over the last dim in float32, then scales in the input dtype (as transformers does).
   at::Tensor forward(const at::Tensor& x) const;
   const at::Tensor& weight() const { return weight_; }
@@ -42,6 +44,7 @@ class RmsNorm {
  private:
   at::Tensor weight_;  // [dim]
   double eps_;
+  bool zero_centered_;
 };
 
 /// Causal attention with padding: `mask` is undefined when every row is full length (then SDPA's
@@ -60,6 +63,10 @@ struct KvCacheView {
   at::Tensor positions;    // decode: int64 [B], where each row's single new token goes
   int64_t attend_len = 0;  // decode: keys [0, attend_len) are read
   at::Tensor attend_mask;  // decode: bool [B, 1, 1, attend_len]
+  // Gated DeltaNet layers (models/gated_deltanet.h): per layer, undefined for attention layers.
+  const std::vector<at::Tensor>* conv_states = nullptr;       // [rows, conv_dim, kernel - 1], the last inputs
+  const std::vector<at::Tensor>* recurrent_states = nullptr;  // [rows, value_heads, key_dim, value_dim] float32
+  at::Tensor lengths;      // prefill: int64 [B], each batch row's real tokens (its state is taken after them)
   at::Tensor batch_rows;   // decode: int64 [B] = arange(B) (built once per step; computed here when undefined)
   // extend (a prefix-cache hit): batch row 0's T tokens go to cache row `extend_row` at positions
   // [extend_start, extend_start + T) and attend to keys [0, extend_start + T) through attend_mask [1, 1, T, that].
@@ -90,6 +97,8 @@ class MlpModule {
 };
 
 /// Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and a bias on every projection (optional).
+/// Gated (Qwen3.5, AttentionKind::kGatedGqa): q_proj yields [query | gate] per head and the attention output is
+/// multiplied by sigmoid(gate) before o_proj.
 class Attention : public AttentionModule {
  public:
   Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
@@ -101,6 +110,7 @@ class Attention : public AttentionModule {
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  bool gated_;
   lora::LoraLinear q_proj_, k_proj_, v_proj_, o_proj_;
   std::vector<RmsNorm> qk_norm_;  // empty, or {q_norm, k_norm} for Qwen3
 };
@@ -133,7 +143,8 @@ class DecoderLayer {
 
  private:
   RmsNorm input_layernorm_, post_attention_layernorm_;
-  std::unique_ptr<AttentionModule> self_attn_;
+  std::string mixer_name_;  // HF module name of the token mixer: "self_attn" or "linear_attn"
+  std::unique_ptr<AttentionModule> mixer_;
   std::unique_ptr<MlpModule> mlp_;
 };
 

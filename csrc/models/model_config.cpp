@@ -51,6 +51,22 @@ void ModelConfig::validate() const {
     SKYRL_TX_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor, InvalidArgument,
                    "model config: rope_scaling.high_freq_factor must exceed low_freq_factor");
   }
+  SKYRL_TX_CHECK(partial_rotary_factor > 0 && partial_rotary_factor <= 1 && rotary_dim() % 2 == 0, InvalidArgument,
+                 "model config: partial_rotary_factor (", partial_rotary_factor,
+                 ") must be in (0, 1] and leave an even number of rotary dims (got ", rotary_dim(), ")");
+  if (has_linear_attention()) {  // mixer_layout (in has_linear_attention) has checked layer_types itself
+    SKYRL_TX_CHECK(find_architecture(architecture).attention == AttentionKind::kGatedGqa, Unimplemented,
+                   "model config: linear_attention layers are only supported in the Qwen3.5 family (got ",
+                   architecture, ")");
+    positive("linear_num_key_heads", linear_num_key_heads);
+    positive("linear_num_value_heads", linear_num_value_heads);
+    positive("linear_key_head_dim", linear_key_head_dim);
+    positive("linear_value_head_dim", linear_value_head_dim);
+    positive("linear_conv_kernel_dim", linear_conv_kernel_dim);
+    SKYRL_TX_CHECK(linear_num_value_heads % linear_num_key_heads == 0, InvalidArgument,
+                   "model config: linear_num_value_heads (", linear_num_value_heads,
+                   ") must be a multiple of linear_num_key_heads (", linear_num_key_heads, ")");
+  }
   SKYRL_TX_CHECK(decoder_sparse_step > 0, InvalidArgument, "model config: decoder_sparse_step must be > 0 (got ",
                  decoder_sparse_step, ")");
   const std::vector<MlpKind> layout = mlp_layout(*this);
@@ -68,6 +84,11 @@ void ModelConfig::validate() const {
     SKYRL_TX_CHECK(n_group == 1 || num_experts / n_group >= 2, InvalidArgument,
                    "model config: group-limited routing needs >= 2 experts per group");
   }
+}
+
+bool ModelConfig::has_linear_attention() const {
+  const std::vector<MixerKind> mixers = mixer_layout(*this);
+  return std::find(mixers.begin(), mixers.end(), MixerKind::kGatedDeltaNet) != mixers.end();
 }
 
 int64_t ModelConfig::cache_kv_heads() const {

@@ -1,4 +1,4 @@
-// ModelConfig: the architecture hyper-parameters of a decoder (Qwen3, Llama 3, Qwen3 MoE; filled from config.json).
+// ModelConfig: the architecture hyper-parameters of a decoder (Qwen3, Llama 3, MoE, Qwen3.5; filled from config.json).
 #pragma once
 
 #include <cstdint>
@@ -62,8 +62,23 @@ struct ModelConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   bool rope_interleave = false;  // RoPE on interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's weights)
+  double partial_rotary_factor = 1.0;  // RoPE on the first int(head_dim * factor) dims only (Qwen3.5: 0.25)
+  // Hybrid linear attention (Qwen3.5): config.json "layer_types", one "linear_attention" (Gated DeltaNet) or
+  // "full_attention" per layer; empty = every layer full attention. The linear_* fields shape the DeltaNet layers.
+  std::vector<std::string> layer_types;
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;  // the causal depthwise conv1d's width before the delta rule
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  /// The dims RoPE rotates: int(head_dim * partial_rotary_factor), as transformers computes it.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(resolved_head_dim()) * partial_rotary_factor);
+  }
+  /// True when some layer is a Gated DeltaNet (its generation state is recurrent, not a per-token KV cache).
+  bool has_linear_attention() const;
   /// What the KV cache holds per layer and token: GQA: [kv_heads, head_dim] K and V; MLA: the compressed latent,
   /// one "head" of kv_lora_rank + qk_rope_head_dim, and no V (0).
   int64_t cache_kv_heads() const;

@@ -47,7 +47,7 @@ double yarn_attention_factor(const RopeScaling& s) {
 }  // namespace
 
 RotaryEmbedding::RotaryEmbedding(const ModelConfig& config, at::Device device) {
-  const int64_t dim = config.resolved_head_dim();
+  const int64_t dim = config.rotary_dim();  // head_dim unless partial_rotary_factor < 1
   // inv_freq: [dim / 2] = 1 / theta^(2i / dim), computed in float32 exactly as transformers does.
   at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
   inv_freq_ = 1.0 / at::pow(config.rope_theta, exponent);
@@ -69,6 +69,10 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
 }
 
 at::Tensor RotaryEmbedding::apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (cos.size(-1) < x.size(-1)) {  // partial rotary (Qwen3.5): rotate the first dims, pass the rest through
+    const int64_t rotary = cos.size(-1);
+    return at::cat({apply(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, x.size(-1) - rotary)}, -1);
+  }
   const int64_t half = x.size(-1) / 2;
   at::Tensor x1 = x.narrow(-1, 0, half);
   at::Tensor x2 = x.narrow(-1, half, half);

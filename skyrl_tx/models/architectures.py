@@ -1,4 +1,4 @@
-"""The Python half of the architecture registry: HF model_type ↔ class, attention kind, MLP layout rule, q/k norm.
+"""The Python half of the architecture registry: HF model_type ↔ class, attention kind, MLP layout rule, norms.
 
 The C++ core has its own table (csrc/models/architectures.cpp, `_C.supported_architectures()`); the API process
 reads this one without loading torch. tests/models/test_architectures.py checks that the two agree.
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 class ArchitectureSpec:
     model_type: str  # config.json "model_type"
     architecture: str  # config.json "architectures"[0]
-    attention: str  # "gqa" | "mla" (multi-head latent attention)
+    attention: str  # "gqa" | "mla" (multi-head latent attention) | "gated_gqa" (Qwen3.5: sigmoid output gate)
     layout: str  # "all_dense" | "sparse_step" (qwen3_moe) | "first_k_dense" (deepseek_v3)
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE
+    zero_centered_norm: bool = False  # every RMSNorm scales by (1 + weight) (Qwen3.5)
 
 
 ARCHITECTURES: tuple[ArchitectureSpec, ...] = (
@@ -23,6 +24,8 @@ ARCHITECTURES: tuple[ArchitectureSpec, ...] = (
     ArchitectureSpec("llama", "LlamaForCausalLM", "gqa", "all_dense", False),
     ArchitectureSpec("qwen3_moe", "Qwen3MoeForCausalLM", "gqa", "sparse_step", True),
     ArchitectureSpec("deepseek_v3", "DeepseekV3ForCausalLM", "mla", "first_k_dense", False),
+    # Qwen3.5's text model: Gated DeltaNet ("linear_attention") and gated-attention layers per config layer_types.
+    ArchitectureSpec("qwen3_5_text", "Qwen3_5ForCausalLM", "gated_gqa", "all_dense", True, True),
 )
 
 BY_ARCHITECTURE = {spec.architecture: spec for spec in ARCHITECTURES}

@@ -70,13 +70,29 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     extra_layers = _extra_layer_prefix(model_dir)
     weights: dict[str, torch.Tensor] = {}
     for shard in safetensors_files(model_dir):
-        for name, tensor in load_file(str(shard)).items():
+        for stored, tensor in load_file(str(shard)).items():
+            name = text_model_weight_name(stored)
+            if name is None:
+                continue
             if name in weights:
                 raise InvalidArgumentError(f"base model: tensor {name!r} appears in more than one shard")
             if extra_layers is not None and extra_layers(name):
                 continue
             weights[name] = tensor
     return weights
+
+
+# A vision-language checkpoint (Qwen3.5 on the hub) keeps its text model under model.language_model; its vision
+# tower and multi-token-prediction head are not served (transformers' Qwen3_5ForCausalLM ignores them too).
+_TEXT_MODEL_PREFIX = "model.language_model."
+_NOT_SERVED_PREFIXES = ("model.visual.", "mtp.")
+
+
+def text_model_weight_name(name: str) -> str | None:
+    """The text model's name for a stored tensor, or None for a tensor the text model does not have."""
+    if name.startswith(_NOT_SERVED_PREFIXES):
+        return None
+    return "model." + name[len(_TEXT_MODEL_PREFIX):] if name.startswith(_TEXT_MODEL_PREFIX) else name
 
 
 def _extra_layer_prefix(model_dir: Path):

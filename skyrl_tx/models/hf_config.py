@@ -67,6 +67,32 @@ class DecoderConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    # Qwen3.5: RoPE on a fraction of head_dim; Gated DeltaNet ("linear_attention") layers by layer_types.
+    partial_rotary_factor: float = 1.0
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+
+
+# Vision-language checkpoints whose text model we serve: the class, and what its text_config describes.
+TEXT_MODEL_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
+
+
+def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config.json (Qwen3.5's hub checkpoints) → its text model's config; others unchanged.
+    The weights follow with checkpoint.text_model_weight_name."""
+    architectures = raw.get("architectures") or []
+    if not architectures or architectures[0] not in TEXT_MODEL_OF or "text_config" not in raw:
+        return raw
+    text = dict(raw["text_config"])
+    text["architectures"] = [TEXT_MODEL_OF[architectures[0]]]
+    text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+    if "eos_token_id" not in text and "eos_token_id" in raw:
+        text["eos_token_id"] = raw["eos_token_id"]
+    return text
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
@@ -100,6 +126,7 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScalingConfig]:
 
 
 def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
+    raw = text_model_config(raw)
     architectures = raw.get("architectures") or []
     by_type = BY_MODEL_TYPE.get(raw.get("model_type", ""))
     architecture = architectures[0] if architectures else (by_type.architecture if by_type else "")
@@ -132,6 +159,7 @@ def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
             rope_scaling=scaling,
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([eos] if eos is not None else [])),
             **_moe_fields(raw),
+            **_linear_attention_fields(raw, qwen3_5=architecture == "Qwen3_5ForCausalLM"),
         )
     except KeyError as exc:
         raise InvalidArgumentError(f"config.json: missing required key {exc.args[0]!r}") from exc
@@ -162,6 +190,27 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "v_head_dim": int(raw.get("v_head_dim") or 0),
         # transformers' DeepseekV3Config defaults to interleaved RoPE (the hub checkpoints' layout) without the key.
         "rope_interleave": bool(raw.get("rope_interleave", raw.get("model_type") == "deepseek_v3")),
+    }
+
+
+def _linear_attention_fields(raw: dict[str, Any], *, qwen3_5: bool) -> dict[str, Any]:
+    # Without the keys, transformers' Qwen3_5TextConfig uses partial_rotary_factor 0.25 and a full-attention
+    # layer every full_attention_interval (4) layers; other architectures have neither.
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    layer_types = raw.get("layer_types")
+    if layer_types is None and qwen3_5:
+        interval = int(raw.get("full_attention_interval") or 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention"
+                       for i in range(int(raw["num_hidden_layers"]))]
+    return {
+        "partial_rotary_factor": float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
+                                       or (0.25 if qwen3_5 else 1.0)),
+        "layer_types": tuple(str(t) for t in layer_types or ()),
+        "linear_num_key_heads": int(raw.get("linear_num_key_heads") or 0),
+        "linear_num_value_heads": int(raw.get("linear_num_value_heads") or 0),
+        "linear_key_head_dim": int(raw.get("linear_key_head_dim") or 0),
+        "linear_value_head_dim": int(raw.get("linear_value_head_dim") or 0),
+        "linear_conv_kernel_dim": int(raw.get("linear_conv_kernel_dim") or 0),
     }
 
 

@@ -129,13 +129,44 @@ PRESETS: dict[str, TinyPreset] = {
                           "moe_intermediate_size": 32, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
                           "first_k_dense_replace": 1, "norm_topk_prob": True},
         ),
+        # Shaped like Qwen3.5 (dense): Gated DeltaNet layers with a gated full-attention layer between them,
+        # more value than key heads in the DeltaNet, zero-centred norms, RoPE on a quarter of head_dim.
+        dataclasses.replace(
+            _TINY_QWEN3,
+            name="tiny-qwen3.5",
+            architecture="Qwen3_5ForCausalLM",
+            num_hidden_layers=4,
+            seed=6,
+            rope_theta=10_000_000.0,
+            extra_config={"layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                          "linear_attention"],
+                          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                          "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25},
+        ),
     )
 }
+
+
+def _qwen3_5_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
+    from transformers import Qwen3_5TextConfig
+
+    extra = dict(preset.extra_config or {})
+    rope = {"rope_type": "default", "rope_theta": preset.rope_theta,
+            "partial_rotary_factor": extra.pop("partial_rotary_factor")}
+    return Qwen3_5TextConfig(
+        architectures=[preset.architecture], vocab_size=vocab_size, hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
+        num_attention_heads=preset.num_attention_heads, num_key_value_heads=preset.num_key_value_heads,
+        head_dim=preset.head_dim, tie_word_embeddings=preset.tie_word_embeddings,
+        max_position_embeddings=preset.max_position_embeddings, rms_norm_eps=preset.rms_norm_eps,
+        rope_parameters=rope, **extra, **token_ids)
 
 
 def _build_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
     from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
+    if preset.architecture == "Qwen3_5ForCausalLM":
+        return _qwen3_5_config(preset, vocab_size, token_ids)
     config_cls = {"Qwen3ForCausalLM": Qwen3Config, "LlamaForCausalLM": LlamaConfig,
                   "Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV3ForCausalLM": DeepseekV3Config}[preset.architecture]
     return config_cls(
@@ -167,8 +198,10 @@ def _init_weights(model: Any, seed: int) -> None:
         for name, param in sorted(model.named_parameters()):
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
             if param.ndim == 1 and "norm" in name:
-                # Norm weights around 1 (not exactly 1) so parity tests actually exercise them.
-                param.copy_(1.0 + 0.1 * noise)
+                # Norm weights around 1 (not exactly 1) so parity tests actually exercise them; Qwen3.5's
+                # zero-centred norms scale by (1 + weight), so theirs are around 0.
+                zero_centered = type(model).__name__.startswith("Qwen3_5") and "linear_attn.norm" not in name
+                param.copy_((0.0 if zero_centered else 1.0) + 0.1 * noise)
             elif name.endswith(".bias"):
                 param.zero_()
             else:
@@ -185,6 +218,9 @@ def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:
     data["rope_scaling"] = dict(preset.rope_scaling) if preset.rope_scaling else None
     # transformers 5 renames some MoE keys (num_experts → num_local_experts); hub checkpoints use the originals.
     data.update(preset.extra_config or {})
+    if preset.architecture == "Qwen3_5ForCausalLM":  # its hub configs keep partial_rotary_factor in rope_parameters
+        data.pop("partial_rotary_factor", None)
+        data.pop("rope_scaling", None)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

@@ -1,0 +1,71 @@
+// GatedDeltaNet: Qwen3.5's linear-attention token mixer (causal conv1d, gated delta rule, gated RMSNorm) and its
+// chunked (prefill, training) and recurrent (decode) forms.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/layers.h"
+
+namespace skyrl_tx::models {
+
+/// The gated delta rule over a whole sequence in chunks of `chunk_size` (transformers'
+/// torch_chunk_gated_delta_rule with use_qk_l2norm_in_kernel, op for op; differentiable through ATen autograd).
+/// q, k: [B, T, Hk, Dk]; v: [B, T, Hv, Dv]; g (log decay, <= 0), beta: [B, T, Hv]; initial_state: undefined or
+/// [B, Hv, Dk, Dv]. Returns (out [B, T, Hv, Dv] in q's dtype, final state [B, Hv, Dk, Dv] float32).
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v, const at::Tensor& g,
+                                                         const at::Tensor& beta, int64_t chunk_size,
+                                                         const at::Tensor& initial_state);
+/// One token of the same rule (transformers' torch_recurrent_gated_delta_rule, T = 1): q, k: [B, 1, Hk, Dk];
+/// v: [B, 1, Hv, Dv]; g, beta: [B, 1, Hv]; state: [B, Hv, Dk, Dv] float32, updated in place. Returns out like above.
+at::Tensor recurrent_gated_delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& g, const at::Tensor& beta, at::Tensor& state);
+
+/// RMSNorm over each value head, then times silu(gate) (Qwen3_5RMSNormGated: plain weight, not zero-centred).
+class GatedRmsNorm {
+ public:
+  GatedRmsNorm(at::Tensor weight, double eps) : weight_(std::move(weight)), eps_(eps) {}
+  /// x, gate: [N, dim] → [N, dim] in x's dtype.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& gate) const;
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  at::Tensor weight_;  // [dim]
+  double eps_;
+};
+
+/// A "linear_attention" layer (Qwen3_5GatedDeltaNet). Its generation state is per sequence row: the conv's last
+/// kernel - 1 inputs and the delta rule's [Hv, Dk, Dv] matrix (KvCacheView::conv_states / recurrent_states), so
+/// prefill must know each row's real length (KvCacheView::lengths) and decoding is one recurrent step.
+class GatedDeltaNet : public AttentionModule {
+ public:
+  static constexpr int64_t kChunkSize = 64;  // transformers' default chunk
+
+  /// HF names under `prefix` (e.g. "model.layers.0.linear_attn"): in_proj_qkv, in_proj_z, in_proj_b, in_proj_a,
+  /// out_proj (LoRA-capable), conv1d.weight [conv_dim, 1, kernel], A_log [Hv], dt_bias [Hv], norm.weight [Dv].
+  GatedDeltaNet(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
+  /// x: [B, T, hidden] → [B, T, hidden]; cos/sin and `mask` are unused (causal by construction; right padding
+  /// never reaches an earlier real token). `cache`/`layer`: generation only.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
+                     const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
+                     int64_t layer = 0) const override;
+  void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
+
+ private:
+  /// qkv: [B, T, conv_dim] → silu(causal depthwise conv) [B, T, conv_dim], reading/writing the cache's conv state.
+  at::Tensor conv(const at::Tensor& qkv, const KvCacheView* cache, int64_t layer) const;
+
+  int64_t key_heads_, value_heads_, key_dim_, value_dim_, kernel_;
+  lora::LoraLinear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_, out_proj_;
+  at::Tensor conv_weight_;  // [conv_dim, 1, kernel], conv_dim = 2 * Hk * Dk + Hv * Dv
+  at::Tensor a_log_;        // [Hv]
+  at::Tensor dt_bias_;      // [Hv]
+  GatedRmsNorm norm_;
+};
+
+}  // namespace skyrl_tx::models
