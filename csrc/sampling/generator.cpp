@@ -38,11 +38,17 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
       cache_(model.config(), config.max_sequences, config.max_length, model.options().dtype, model.options().device),
       seed_source_(at::make_generator<at::CPUGeneratorImpl>(config.seed)),
       rows_(config.max_sequences) {
+  // A Gated DeltaNet's state exists only after a row's last token, never at an earlier prefix: nothing to reuse.
+  // And its decode step updates per-row states that the static (CUDA graph) decoder does not manage: eager.
+  if (model.config().has_linear_attention()) {
+    config_.prefix_caching = false;
+    config_.decode_mode = DecodeMode::kEager;
+  }
   SKYRL_TX_CHECK(config.logprobs_chunk_tokens >= 1, InvalidArgument,
                  "sampling: logprobs_chunk_tokens must be >= 1 (got ", config.logprobs_chunk_tokens, ")");
-  if (config.decode_mode != DecodeMode::kEager) {
+  if (config_.decode_mode != DecodeMode::kEager) {
     static_decoder_ = std::make_unique<StaticDecoder>(model, cache_, config.max_sequences, config.max_length,
-                                                      config.decode_mode == DecodeMode::kCudaGraph);
+                                                      config_.decode_mode == DecodeMode::kCudaGraph);
   }
 }
 
@@ -191,12 +197,14 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
         batching::pack_sequences(prompts, prompts, fresh_slots, model_.config().vocab_size, device);
     const int64_t T = batch.input_ids.size(1);
     // The prompt is prefilled once, into the request's first row; its other samples copy that prefix.
-    std::vector<int64_t> cache_rows(fresh.size());
-    for (size_t j = 0; j < fresh.size(); ++j) cache_rows[batch.packed_row[j]] = requests_.at(ids[fresh[j]]).rows.front();
-    models::KvCacheView view;
-    view.keys = &cache_.keys();
-    view.values = &cache_.values();
+    std::vector<int64_t> cache_rows(fresh.size()), row_lengths(fresh.size());
+    for (size_t j = 0; j < fresh.size(); ++j) {
+      cache_rows[batch.packed_row[j]] = requests_.at(ids[fresh[j]]).rows.front();
+      row_lengths[batch.packed_row[j]] = prompts[j].numel();
+    }
+    models::KvCacheView view = cache_view();
     view.rows = device_tensor(cache_rows, device);
+    view.lengths = device_tensor(row_lengths, device);  // Gated DeltaNet layers keep each row's state at its end
     // hidden: [B * T, hidden]
     at::Tensor hidden = model_.hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments, &view);
     for (size_t j = 0; j < fresh.size(); ++j) {
@@ -246,9 +254,7 @@ at::Tensor Generator::extend_prefill(const Request& req) {
   const int64_t start = req.cached_prefix, length = req.request.prompt.numel() - start;
   at::Tensor ids = req.request.prompt.narrow(0, start, length).to(device).view({1, length});  // [1, T]
   at::Tensor positions = at::arange(start, start + length, ids.options()).view({1, length});  // [1, T]
-  models::KvCacheView view;
-  view.keys = &cache_.keys();
-  view.values = &cache_.values();
+  models::KvCacheView view = cache_view();
   view.extend = true;
   view.extend_row = req.rows.front();
   view.extend_start = start;
@@ -257,6 +263,15 @@ at::Tensor Generator::extend_prefill(const Request& req) {
   view.attend_mask = (keys <= positions.view({length, 1})).view({1, 1, length, start + length});           // bool
   return model_.hidden_states(ids, positions, models::AttentionMask{}, lora::AdapterSegments::uniform(req.slot, length),
                               &view);  // [T, hidden]
+}
+
+models::KvCacheView Generator::cache_view() const {
+  models::KvCacheView view;
+  view.keys = &cache_.keys();
+  view.values = &cache_.values();
+  view.conv_states = &cache_.conv_states();
+  view.recurrent_states = &cache_.recurrent_states();
+  return view;
 }
 
 void Generator::decode() {
@@ -295,9 +310,7 @@ at::Tensor Generator::eager_decode_logits(const std::vector<int64_t>& tokens, co
   const at::Device device = model_.options().device;
   const int64_t batch = static_cast<int64_t>(tokens.size());
   at::Tensor pos = device_tensor(positions, device);  // [B]
-  models::KvCacheView view;
-  view.keys = &cache_.keys();
-  view.values = &cache_.values();
+  models::KvCacheView view = cache_view();
   view.decode = true;
   view.positions = pos;
   view.attend_len = attend_len;

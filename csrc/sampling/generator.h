@@ -83,6 +83,8 @@ class Generator {
   /// Prefills prompt tokens [req.cached_prefix, P) into req.rows.front() after the copied prefix → [P - prefix, hidden].
   at::Tensor extend_prefill(const Request& req);
   void decode();
+  /// A view of every layer's cache storage (K/V, recurrent states); callers add the step's rows and mode.
+  models::KvCacheView cache_view() const;
   /// One eager decode step of cache rows [0, tokens.size()) → logits [active rows, vocab].
   at::Tensor eager_decode_logits(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
                                  const std::vector<int64_t>& slots, const std::vector<int64_t>& active,

@@ -1,7 +1,8 @@
-// KvCache: static per-layer K/V storage for a fixed number of sequence rows (gpt-fast style), with a row allocator.
+// KvCache: static per-layer K/V (or recurrent state) storage for a fixed number of sequence rows, with a row allocator.
 #include "sampling/kv_cache.h"
 
 #include "common/errors.h"
+#include "models/architectures.h"
 
 namespace skyrl_tx::sampling {
 
@@ -11,10 +12,23 @@ KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t ma
   SKYRL_TX_CHECK(max_rows >= 1 && max_len >= 2, InvalidArgument, "kv cache: need max_sampling_sequences >= 1 and ",
                  "max_sampling_length >= 2 (got ", max_rows, ", ", max_len, ")");
   auto options = at::TensorOptions().dtype(dtype).device(device);
+  const std::vector<models::MixerKind> mixers = models::mixer_layout(config);
+  const int64_t conv_dim = 2 * config.linear_num_key_heads * config.linear_key_head_dim +
+                           config.linear_num_value_heads * config.linear_value_head_dim;
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (mixers[i] == models::MixerKind::kGatedDeltaNet) {  // a fixed-size state per row instead of K/V per token
+      keys_.emplace_back();
+      values_.emplace_back();
+      conv_states_.push_back(at::zeros({max_rows, conv_dim, config.linear_conv_kernel_dim - 1}, options));
+      recurrent_states_.push_back(at::zeros({max_rows, config.linear_num_value_heads, config.linear_key_head_dim,
+                                             config.linear_value_head_dim}, options.dtype(at::kFloat)));
+      continue;
+    }
     // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim)
     keys_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_key_dim()}, options));
     values_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_value_dim()}, options));
+    conv_states_.emplace_back();
+    recurrent_states_.emplace_back();
   }
 }
 
@@ -41,8 +55,16 @@ int64_t KvCache::free_rows() const {
 
 void KvCache::copy_prefix(int64_t src, const std::vector<int64_t>& dst, int64_t length) {
   if (dst.empty()) return;
-  at::Tensor rows = at::tensor(dst, at::TensorOptions().dtype(at::kLong).device(keys_.front().device()));
+  const at::Device device = (keys_.front().defined() ? keys_.front() : conv_states_.front()).device();
+  at::Tensor rows = at::tensor(dst, at::TensorOptions().dtype(at::kLong).device(device));
   for (size_t layer = 0; layer < keys_.size(); ++layer) {
+    for (at::Tensor* state : {&conv_states_[layer], &recurrent_states_[layer]}) {
+      if (!state->defined()) continue;
+      std::vector<int64_t> sizes(state->dim(), -1);
+      sizes[0] = static_cast<int64_t>(dst.size());
+      state->index_copy_(0, rows, state->narrow(0, src, 1).clone().expand(sizes));  // the whole state: src's length
+    }
+    if (!keys_[layer].defined()) continue;
     for (at::Tensor* cache : {&keys_[layer], &values_[layer]}) {
       at::Tensor prefix = cache->select(0, src).narrow(1, 0, length);  // [kv_heads, length, D]
       at::Tensor target = cache->narrow(2, 0, length);
@@ -53,7 +75,9 @@ void KvCache::copy_prefix(int64_t src, const std::vector<int64_t>& dst, int64_t 
 
 int64_t KvCache::bytes() const {
   int64_t total = 0;
-  for (size_t i = 0; i < keys_.size(); ++i) total += keys_[i].nbytes() + values_[i].nbytes();
+  for (const std::vector<at::Tensor>* layers : {&keys_, &values_, &conv_states_, &recurrent_states_}) {
+    for (const at::Tensor& t : *layers) total += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  }
   return total;
 }
 
