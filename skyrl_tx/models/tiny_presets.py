@@ -220,7 +220,6 @@ def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:
     data.update(preset.extra_config or {})
     if preset.architecture == "Qwen3_5ForCausalLM":  # its hub configs keep partial_rotary_factor in rope_parameters
         data.pop("partial_rotary_factor", None)
-        data.pop("rope_scaling", None)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
