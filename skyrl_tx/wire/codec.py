@@ -16,6 +16,9 @@ __all__ = ["MAX_DECOMPRESSED_BYTES", "decode_forward_backward_request", "decode_
 
 # A request body (after zstd) may not exceed this; it also bounds how far a sparse tensor may densify.
 MAX_DECOMPRESSED_BYTES = 1 << 30
+# Why a chunk that is not encoded text is refused, and what to send instead (sampling and training say the same).
+TEXT_ONLY = ("only encoded_text chunks are supported: this server runs the text model only (a vision-language "
+             "checkpoint such as Qwen3.5 is served without its vision tower); render images out of the prompt")
 # Compressed bytes fed to zstd per step: zstd can expand ~32768x (RLE blocks), so small steps keep the
 # overshoot past the limit to ~32 MiB before we notice and stop.
 _ZSTD_FEED = 1024
@@ -116,7 +119,7 @@ def _decode_datum(datum: pb.Datum, max_bytes: int) -> dict[str, Any]:
         if kind is None:
             raise ValueError("model_input chunk has no content")
         if kind != "encoded_text":
-            raise ValueError(f"model_input chunk type {kind!r} is not supported by this server")
+            raise ValueError(f"model_input chunk type {kind!r}: {TEXT_ONLY}")
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
             raise ValueError(f"encoded_text.tokens: {len(raw)} bytes is not a multiple of the 4-byte item size")

@@ -213,7 +213,7 @@ def test_request_skips_unknown_fields_of_every_wire_type() -> None:
 )
 def test_request_non_text_chunk_rejected(chunk: Any, kind: str) -> None:
     datum = Datum(model_input=ModelInput(chunks=[EncodedTextChunk(tokens=[1]), chunk]), loss_fn_inputs={})
-    with pytest.raises(ValueError, match=f"^model_input chunk type '{kind}' is not supported by this server$"):
+    with pytest.raises(ValueError, match=f"^model_input chunk type '{kind}': only encoded_text chunks are supported"):
         decode_forward_backward_request(sdk_body([datum]), None)
 
 

@@ -22,6 +22,7 @@ from skyrl_tx.checkpoints.paths import TinkerPath, validate_name
 from skyrl_tx.db.completion_queues import queue_of_sample
 from skyrl_tx.db.models import SamplingSessionRecord
 from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.wire.codec import TEXT_ONLY
 
 router = APIRouter(prefix="/api/v1")
 
@@ -158,7 +159,8 @@ def get_sampler(sampler_id: str, db: DbDep, who: CallerDep) -> GetSamplerRespons
 async def asample(body: SampleBody, request: Request, who: CallerDep) -> SampleFuture:
     check_model_seq_id(body.seq_id, "asample", "seq_id")  # part of the future's id only: any signed 64-bit value
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
-        raise InvalidArgumentError("asample: prompt chunks must be encoded_text (images are not supported)")
+        kind = next(c.type for c in body.prompt.chunks if c.type != "encoded_text")
+        raise InvalidArgumentError(f"asample: prompt chunk type {kind!r}: {TEXT_ONLY}")
     stop = body.sampling_params.stop
     params = body.sampling_params.model_dump()
     check_sampling_params(params)

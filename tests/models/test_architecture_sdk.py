@@ -1,5 +1,6 @@
-"""The MoE presets through the real tinker SDK on a live server: the quickstart trains and samples, resume is exact,
-and the RL example's sampler-trainer logprob gap stays tiny."""
+"""The MoE and Qwen3.5 presets through the real tinker SDK on a live server: the quickstart trains and samples,
+resume is exact, the RL example's sampler-trainer logprob gap stays tiny, and image chunks get a clear user error
+(the text model only is served)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sdk_training import train_step
 from skyrl_tx.models.tiny_presets import resolve_preset
 
 REPO = Path(__file__).resolve().parents[2]
-PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5"]
 API_KEY = "tml-test"
 
 
@@ -69,7 +70,25 @@ def test_resume_with_optimizer_is_exact(server: ServerUrl, preset_cache: Path, m
     client = service.create_lora_training_client(base_model=server.preset, rank=4, seed=5).result()
     for step in range(2):
         train_step(client, step, adam)
-    path = client.save_state("moe_resume").result().path
+    path = client.save_state("arch_resume").result().path
     expected = [train_step(client, 10 + k, adam) for k in range(2)]
     resumed = service.create_training_client_from_state_with_optimizer(path).result()
     assert [train_step(resumed, 10 + k, adam) for k in range(2)] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_image_chunks_are_a_user_error_naming_the_limitation(server: ServerUrl, preset_cache: Path,
+                                                             monkeypatch) -> None:
+    for key, value in client_env(server, preset_cache).items():
+        monkeypatch.setenv(key, value)
+    service = tinker.ServiceClient()
+    client = service.create_lora_training_client(base_model=server.preset, rank=4).result()
+    image = tinker.types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
+    prompt = tinker.types.ModelInput(chunks=[tinker.types.EncodedTextChunk(tokens=[1, 2]), image])
+    sampler = client.save_weights_and_get_sampling_client("arch_image")
+    for call in (lambda: sampler.sample(prompt, 1, tinker.types.SamplingParams(max_tokens=2)).result(),
+                 lambda: client.forward_backward([tinker.types.Datum(
+                     model_input=prompt, loss_fn_inputs={"target_tokens": [1] * 6, "weights": [1.0] * 6})],
+                     "cross_entropy").result()):
+        with pytest.raises(tinker.BadRequestError, match="only encoded_text chunks are supported: this server runs "
+                                                         "the text model only"):
+            call()
