@@ -73,6 +73,7 @@ class ModelConfig:
     qk_norm: bool
     rope_interleave: bool
     partial_rotary_factor: float
+    shared_expert_intermediate_size: int
     layer_types: list[str]
     linear_num_key_heads: int
     linear_num_value_heads: int

@@ -52,6 +52,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("mlp_only_layers", &ModelConfig::mlp_only_layers)
       .def_readwrite("first_k_dense_replace", &ModelConfig::first_k_dense_replace)
       .def_readwrite("n_shared_experts", &ModelConfig::n_shared_experts)
+      .def_readwrite("shared_expert_intermediate_size", &ModelConfig::shared_expert_intermediate_size)
       .def_readwrite("scoring_func", &ModelConfig::scoring_func)
       .def_readwrite("n_group", &ModelConfig::n_group)
       .def_readwrite("topk_group", &ModelConfig::topk_group)

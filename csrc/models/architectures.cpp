@@ -16,6 +16,8 @@ const std::vector<ArchitectureSpec>& architectures() {
       {"deepseek_v3", "DeepseekV3ForCausalLM", AttentionKind::kMla, LayoutRule::kFirstKDense, false, false},
       // Qwen3.5's text model: Gated DeltaNet and gated-attention layers per layer_types, dense SwiGLU MLPs.
       {"qwen3_5_text", "Qwen3_5ForCausalLM", AttentionKind::kGatedGqa, LayoutRule::kAllDense, true, true},
+      // ... and its MoE text model: every layer routed experts plus a sigmoid-gated shared expert.
+      {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", AttentionKind::kGatedGqa, LayoutRule::kSparseStep, true, true},
   };
   return specs;
 }

@@ -49,6 +49,7 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;  // qwen3_moe layout: layers forced dense
   int64_t first_k_dense_replace = 0;  // deepseek_v3 layout
   int64_t n_shared_experts = 0;       // shared SwiGLU experts, width n_shared_experts * moe_intermediate_size
+  int64_t shared_expert_intermediate_size = 0;  // Qwen3.5 MoE: one shared expert of this width, sigmoid-gated
   // Router: "softmax" (Qwen3 MoE) or "sigmoid" (DeepSeek V3: sigmoid scores, a score-correction bias that only
   // steers the choice, group-limited top-k over n_group groups keeping topk_group, weights x routed_scaling_factor).
   std::string scoring_func = "softmax";

@@ -23,7 +23,12 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
     experts_.push_back(std::make_unique<SwiGluMlp>(config.hidden_size, config.moe_intermediate_size, false, ctx,
                                                    str_cat(prefix, ".experts.", e)));
   }
-  if (config.n_shared_experts > 0) {
+  if (config.shared_expert_intermediate_size > 0) {  // Qwen3.5 MoE: sigmoid(x · gate) scales the shared output
+    shared_name_ = "shared_expert";
+    shared_ = std::make_unique<SwiGluMlp>(config.hidden_size, config.shared_expert_intermediate_size, false, ctx,
+                                          prefix + ".shared_expert");
+    shared_gate_ = ctx.weights.take(prefix + ".shared_expert_gate.weight", {1, config.hidden_size});
+  } else if (config.n_shared_experts > 0) {
     shared_ = std::make_unique<SwiGluMlp>(config.hidden_size, config.n_shared_experts * config.moe_intermediate_size,
                                           false, ctx, prefix + ".shared_experts");
   }
@@ -123,13 +128,16 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& seg
   at::Tensor out = at::zeros_like(x);  // [N, hidden]
   // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
   if (!outs.empty()) out = out.index_add(0, r.token, (at::cat(outs) * r.weight.unsqueeze(1)).to(x.scalar_type()));
-  if (shared_) out = out + shared_->forward(x, segments);
+  if (shared_) {
+    at::Tensor shared = shared_->forward(x, segments);  // [N, hidden]
+    out = out + (shared_gate_.defined() ? at::sigmoid(at::linear(x, shared_gate_)) * shared : shared);
+  }
   return out;
 }
 
 void MoeMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
   for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_lora(str_cat(prefix, ".experts.", e), out);
-  if (shared_) shared_->collect_lora(prefix + ".shared_experts", out);
+  if (shared_) shared_->collect_lora(prefix + "." + shared_name_, out);
 }
 
 void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
@@ -139,7 +147,8 @@ void MoeMlp::collect_parameters(const std::string& prefix, std::vector<NamedPara
   // (it only steers the top-k choice), and optim_step skips it (models::is_buffer_name), weight decay included.
   if (score_bias_.defined()) out.emplace_back(prefix + ".gate.e_score_correction_bias", score_bias_);
   for (int64_t e = 0; e < num_experts(); ++e) experts_[e]->collect_parameters(str_cat(prefix, ".experts.", e), out);
-  if (shared_) shared_->collect_parameters(prefix + ".shared_experts", out);
+  if (shared_) shared_->collect_parameters(prefix + "." + shared_name_, out);
+  if (shared_gate_.defined()) out.emplace_back(prefix + ".shared_expert_gate.weight", shared_gate_);
 }
 
 }  // namespace skyrl_tx::models

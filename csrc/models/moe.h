@@ -25,8 +25,9 @@ struct ExpertRouting {
 class MoeMlp : public MlpModule {
  public:
   /// HF names: "<prefix>.gate.weight" [E, hidden], "<prefix>.experts.<e>.{gate,up,down}_proj.weight",
-  /// "<prefix>.shared_experts.*" when config.n_shared_experts > 0, and "<prefix>.gate.e_score_correction_bias" [E]
-  /// with the sigmoid router.
+  /// "<prefix>.shared_experts.*" when config.n_shared_experts > 0 (or "<prefix>.shared_expert.*" and
+  /// "<prefix>.shared_expert_gate.weight" [1, hidden] when config.shared_expert_intermediate_size > 0, Qwen3.5 MoE),
+  /// and "<prefix>.gate.e_score_correction_bias" [E] with the sigmoid router.
   MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
   /// x: [N, hidden] → [N, hidden].
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
@@ -51,6 +52,8 @@ class MoeMlp : public MlpModule {
   std::pair<at::Tensor, at::Tensor> top_k(const at::Tensor& x) const;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;
   std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
+  std::string shared_name_ = "shared_experts";  // its HF module name (DeepSeek's; Qwen3.5 MoE: "shared_expert")
+  at::Tensor shared_gate_;  // [1, hidden] Qwen3.5 MoE's shared_expert_gate (undefined: the shared output is added)
 };
 
 /// The adapter segments of one expert's slice of the expert-sorted tokens. `segments` covers the N tokens in

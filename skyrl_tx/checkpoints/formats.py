@@ -41,9 +41,10 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 # Files copied from the base model into a full Hugging Face export, so it loads (and tokenizes) on its own.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
-# Attention also names MLA's projections (DeepSeek V3); PEFT ignores target names a model does not have.
+# Attention also names MLA's projections (DeepSeek V3) and the Gated DeltaNet's (Qwen3.5's linear attention); PEFT
+# ignores target names a model does not have.
 TARGET_GROUPS = {"train_attn": ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-                                "kv_b_proj"),
+                                "kv_b_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
                  "train_mlp": ("gate_proj", "up_proj", "down_proj"),
                  "train_unembed": ("lm_head",)}
 

@@ -26,6 +26,8 @@ ARCHITECTURES: tuple[ArchitectureSpec, ...] = (
     ArchitectureSpec("deepseek_v3", "DeepseekV3ForCausalLM", "mla", "first_k_dense", False),
     # Qwen3.5's text model: Gated DeltaNet ("linear_attention") and gated-attention layers per config layer_types.
     ArchitectureSpec("qwen3_5_text", "Qwen3_5ForCausalLM", "gated_gqa", "all_dense", True, True),
+    # ... and its MoE text model (every layer routed experts and a sigmoid-gated shared expert).
+    ArchitectureSpec("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "gated_gqa", "sparse_step", True, True),
 )
 
 BY_ARCHITECTURE = {spec.architecture: spec for spec in ARCHITECTURES}

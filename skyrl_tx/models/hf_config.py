@@ -56,6 +56,7 @@ class DecoderConfig:
     mlp_only_layers: tuple[int, ...] = ()
     first_k_dense_replace: int = 0
     n_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen3.5 MoE's one sigmoid-gated shared expert
     scoring_func: str = "softmax"  # "sigmoid": DeepSeek V3's router (group-limited, score-correction bias)
     n_group: int = 1
     topk_group: int = 1
@@ -78,7 +79,9 @@ class DecoderConfig:
 
 
 # Vision-language checkpoints whose text model we serve: the class, and what its text_config describes.
-TEXT_MODEL_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
+TEXT_MODEL_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+                 "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
+QWEN3_5_TEXT_MODELS = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 
 
 def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -158,25 +161,27 @@ def decoder_config_from_dict(raw: dict[str, Any]) -> DecoderConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             rope_scaling=scaling,
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([eos] if eos is not None else [])),
-            **_moe_fields(raw),
-            **_linear_attention_fields(raw, qwen3_5=architecture == "Qwen3_5ForCausalLM"),
+            **_moe_fields(raw, qwen3_5=architecture in QWEN3_5_TEXT_MODELS),
+            **_linear_attention_fields(raw, qwen3_5=architecture in QWEN3_5_TEXT_MODELS),
         )
     except KeyError as exc:
         raise InvalidArgumentError(f"config.json: missing required key {exc.args[0]!r}") from exc
 
 
-def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
+def _moe_fields(raw: dict[str, Any], *, qwen3_5: bool) -> dict[str, Any]:
     # Hub configs say num_experts (Qwen3 MoE) or n_routed_experts (DeepSeek); transformers 5 writes num_local_experts.
     experts = raw.get("num_experts") or raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
     return {
         "num_experts": int(experts),
         "num_experts_per_tok": int(raw.get("num_experts_per_tok") or 0),
         "moe_intermediate_size": int(raw.get("moe_intermediate_size") or 0),
-        "norm_topk_prob": bool(raw.get("norm_topk_prob", False)),
+        # Qwen3.5 MoE's router always renormalises its top-k (its config has no key for it).
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", qwen3_5)),
         "decoder_sparse_step": int(raw.get("decoder_sparse_step") or 1),
         "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
         "first_k_dense_replace": int(raw.get("first_k_dense_replace") or 0),
         "n_shared_experts": int(raw.get("n_shared_experts") or 0),
+        "shared_expert_intermediate_size": int(raw.get("shared_expert_intermediate_size") or 0),
         # DeepSeek V3 configs on the hub say scoring_func "sigmoid"; transformers 5 drops the key (always sigmoid).
         "scoring_func": str(raw.get("scoring_func") or ("sigmoid" if raw.get("model_type") == "deepseek_v3"
                                                         else "softmax")),

@@ -143,17 +143,34 @@ PRESETS: dict[str, TinyPreset] = {
                           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
                           "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25},
         ),
+        # Shaped like Qwen3.5-35B-A3B (Qwen3.6's MoE too): the same hybrid layers, every MLP routed experts (softmax
+        # top-k, renormalised) plus one sigmoid-gated shared expert.
+        dataclasses.replace(
+            _TINY_QWEN3,
+            name="tiny-qwen3.5-moe",
+            architecture="Qwen3_5MoeForCausalLM",
+            num_hidden_layers=4,
+            seed=7,
+            rope_theta=10_000_000.0,
+            extra_config={"layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                          "linear_attention"],
+                          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                          "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25,
+                          "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                          "shared_expert_intermediate_size": 64},
+        ),
     )
 }
 
 
 def _qwen3_5_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
-    from transformers import Qwen3_5TextConfig
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     extra = dict(preset.extra_config or {})
     rope = {"rope_type": "default", "rope_theta": preset.rope_theta,
             "partial_rotary_factor": extra.pop("partial_rotary_factor")}
-    return Qwen3_5TextConfig(
+    config_cls = Qwen3_5MoeTextConfig if preset.architecture == "Qwen3_5MoeForCausalLM" else Qwen3_5TextConfig
+    return config_cls(
         architectures=[preset.architecture], vocab_size=vocab_size, hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
         num_attention_heads=preset.num_attention_heads, num_key_value_heads=preset.num_key_value_heads,
@@ -165,7 +182,7 @@ def _qwen3_5_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, in
 def _build_config(preset: TinyPreset, vocab_size: int, token_ids: dict[str, int | None]) -> Any:
     from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
-    if preset.architecture == "Qwen3_5ForCausalLM":
+    if preset.architecture in ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"):
         return _qwen3_5_config(preset, vocab_size, token_ids)
     config_cls = {"Qwen3ForCausalLM": Qwen3Config, "LlamaForCausalLM": LlamaConfig,
                   "Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV3ForCausalLM": DeepseekV3Config}[preset.architecture]
@@ -218,7 +235,7 @@ def _patch_legacy_rope_keys(config_path: Path, preset: TinyPreset) -> None:
     data["rope_scaling"] = dict(preset.rope_scaling) if preset.rope_scaling else None
     # transformers 5 renames some MoE keys (num_experts → num_local_experts); hub checkpoints use the originals.
     data.update(preset.extra_config or {})
-    if preset.architecture == "Qwen3_5ForCausalLM":  # its hub configs keep partial_rotary_factor in rope_parameters
+    if preset.architecture.startswith("Qwen3_5"):  # its hub configs keep partial_rotary_factor in rope_parameters
         data.pop("partial_rotary_factor", None)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 

@@ -15,7 +15,7 @@ from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import SampleRequest, SamplingParams
 
-PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5"]
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5", "tiny-qwen3.5-moe"]
 LENGTHS = [1, 4, 13, 70]  # packed into one prefill; 70 spans two of the delta rule's 64-token chunks
 MAX_NEW = 16
 RANK, ALPHA = 4, 8.0

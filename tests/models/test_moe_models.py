@@ -1,5 +1,5 @@
-"""MoE presets (tiny-qwen3-moe, tiny-deepseek-v3): logprobs, LoRA on every linear (experts and MLA projections
-included), gradients and AdamW equal Hugging Face transformers."""
+"""MoE presets (tiny-qwen3-moe, tiny-deepseek-v3, tiny-qwen3.5-moe): logprobs, LoRA on every linear (experts, MLA
+projections and Qwen3.5's DeltaNet and shared expert included), gradients and AdamW equal Hugging Face transformers."""
 
 from __future__ import annotations
 
@@ -26,14 +26,22 @@ from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import AdamParams, Datum, TrainRequest
 
-PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
+PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5-moe"]
+# Which layers are MoE: a dense first layer (mlp_only_layers, first_k_dense_replace) or every layer (Qwen3.5 MoE).
+MLP_KINDS = {"tiny-qwen3-moe": ["dense", "moe", "moe"], "tiny-deepseek-v3": ["dense", "moe", "moe"],
+             "tiny-qwen3.5-moe": ["moe"] * 4}
 ATOL = 1e-5
 RANK, ALPHA = 4, 8.0
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def path(request: pytest.FixtureRequest, tiny_model_dir) -> Path:
-    return tiny_model_dir(request.param)
+def preset(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def path(preset: str, tiny_model_dir) -> Path:
+    return tiny_model_dir(preset)
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +78,16 @@ def merged_logprobs(hf: torch.nn.Module, state: dict[str, torch.Tensor], scale: 
     return hf_token_logprobs(MergedLoraModel(hf, state, scale), seq)
 
 
-def test_layout_and_config(backend: NativeBackend, hf: torch.nn.Module) -> None:
+def test_layout_and_config(backend: NativeBackend, hf: torch.nn.Module, preset: str) -> None:
     cfg = backend.decoder_config
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (8, 2, True)
     if cfg.architecture == "DeepseekV3ForCausalLM":
         assert (cfg.scoring_func, cfg.n_group, cfg.topk_group, cfg.n_shared_experts, cfg.rope_scaling.type) == \
             ("sigmoid", 4, 2, 1, "yarn")
+    if cfg.architecture == "Qwen3_5MoeForCausalLM":
+        assert cfg.shared_expert_intermediate_size == 64 and cfg.layer_types[1] == "full_attention"
     kinds = ["moe" if hasattr(layer.mlp, "experts") else "dense" for layer in hf.model.layers]
-    assert kinds == ["dense", "moe", "moe"]
+    assert kinds == MLP_KINDS[preset]
 
 
 def test_base_logprobs_match_transformers(backend: NativeBackend, hf: torch.nn.Module) -> None:
@@ -92,11 +102,12 @@ def test_padded_batch_equals_each_sequence_alone(backend: NativeBackend) -> None
         assert_close(got, ours(backend, [seq])[0], 1e-6)
 
 
-def test_adapter_on_every_expert_equals_merged_transformers(backend: NativeBackend, hf: torch.nn.Module) -> None:
+def test_adapter_on_every_expert_equals_merged_transformers(backend: NativeBackend, hf: torch.nn.Module,
+                                                            preset: str) -> None:
     state = random_adapter(backend, "merged", seed=3)
     try:
-        # One adapter per expert per projection (8 experts x 3 x 2 MoE layers, A and B each).
-        assert len(expert_factor_names(state)) == 8 * 3 * 2 * 2
+        # One adapter per expert per projection (8 experts x 3 x each MoE layer, A and B each).
+        assert len(expert_factor_names(state)) == 8 * 3 * MLP_KINDS[preset].count("moe") * 2
         assert not [k for k in state if ".mlp.gate." in k], "the router is not LoRA-adapted"
         seqs = seqs_of(backend.decoder_config.vocab_size, [3, 21, 64], seed=2)
         got = ours(backend, seqs, ["merged"] * len(seqs))

@@ -165,3 +165,26 @@ def test_full_finetune_gradients_equal_transformers(backend: NativeBackend, path
         assert_dicts_close(grads, grads_of(hf_parameters(hf)), ATOL, "full fine-tuning grads")
     finally:
         backend.remove_model("full")
+
+
+def test_adapter_export_loads_in_peft_and_merges(backend: NativeBackend, tmp_path: Path) -> None:
+    """Our PEFT directory (DeltaNet projections among its target modules) loads in PEFT on transformers and equals
+    ours; merged into the base weights it loads as a plain transformers checkpoint with the same logprobs."""
+    from peft import PeftModel
+
+    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
+    from skyrl_tx.checkpoints.merge import merge_adapter
+
+    random_adapter(backend, "export", seed=71)
+    try:
+        (tmp_path / "adapter").mkdir()
+        write_directory(tmp_path / "adapter", adapter_files(ModelMeta(str(backend.model_dir), RANK, ALPHA),
+                                                            backend.adapter_state_dict("export")))
+        seq = seqs_of(backend.decoder_config.vocab_size, [70], seed=72)[0]
+        (got,) = ours(backend, [seq], ["export"])
+        peft = PeftModel.from_pretrained(load_hf_model(backend.model_dir), tmp_path / "adapter")
+        assert_close(got, hf_token_logprobs(peft, seq), ATOL)
+        merge_adapter(backend.model_dir, tmp_path / "adapter", tmp_path / "merged")
+        assert_close(got, hf_token_logprobs(load_hf_model(tmp_path / "merged"), seq), ATOL)
+    finally:
+        backend.remove_model("export")
