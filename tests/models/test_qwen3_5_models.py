@@ -188,3 +188,58 @@ def test_adapter_export_loads_in_peft_and_merges(backend: NativeBackend, tmp_pat
         assert_close(got, hf_token_logprobs(load_hf_model(tmp_path / "merged"), seq), ATOL)
     finally:
         backend.remove_model("export")
+
+
+def test_vision_language_checkpoint_serves_its_text_model(path: Path, backend: NativeBackend, tmp_path: Path) -> None:
+    """The hub's Qwen3.5 layout: Qwen3_5ForConditionalGeneration with the text config nested in text_config,
+    weights under model.language_model, a vision tower and an MTP head beside them. The text model loads from it
+    and gives the same logprobs."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    text = json.loads((path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
+        "text_config": {**text, "model_type": "qwen3_5_text"}, "vision_config": {"model_type": "qwen3_5_vision"}}))
+    weights = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
+               for k, v in load_file(path / "model.safetensors").items()}
+    weights["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
+    weights["mtp.fc.weight"] = torch.zeros(4, 4)
+    save_file(weights, tmp_path / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((path / name).read_bytes())
+    vl = NativeBackend(tmp_path, BackendSettings(max_lora_adapters=1, max_lora_rank=8))
+    assert vl.decoder_config == backend.decoder_config
+    seqs = seqs_of(backend.decoder_config.vocab_size, [9, 70], seed=80)
+    for got, expected in zip(ours(vl, seqs), ours(backend, seqs)):
+        assert_close(got, expected, 0.0)
+
+
+def test_qwen3_5_config_defaults_follow_transformers() -> None:
+    """Without layer_types or partial_rotary_factor, Qwen3_5TextConfig's rules: a full-attention layer every
+    full_attention_interval (4) layers and RoPE on a quarter of head_dim."""
+    from transformers import Qwen3_5TextConfig
+
+    from skyrl_tx.models.hf_config import decoder_config_from_dict
+
+    raw = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 64,
+           "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 8, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 8, "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+           "linear_key_head_dim": 4, "linear_value_head_dim": 4, "linear_conv_kernel_dim": 4}
+    ours_cfg = decoder_config_from_dict(raw)
+    theirs = Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
+    assert list(ours_cfg.layer_types) == theirs.layer_types
+    assert ours_cfg.partial_rotary_factor == theirs.rope_parameters["partial_rotary_factor"] == 0.25
+
+
+def test_unknown_layer_type_is_a_clear_error(path: Path) -> None:
+    from skyrl_tx.backend.native import _native_model_config
+    from skyrl_tx.errors import UnimplementedError
+    from skyrl_tx.models.hf_config import load_decoder_config
+
+    native = _native_model_config(load_decoder_config(path))
+    assert native.mixer_layout() == ["gated_deltanet", "attention", "gated_deltanet", "gated_deltanet"]
+    native.layer_types = ["linear_attention", "sliding_attention", "linear_attention", "linear_attention"]
+    with pytest.raises(UnimplementedError, match=r"layer_types\[1\] = 'sliding_attention' is not supported"):
+        native.validate()
