@@ -49,6 +49,17 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
                                            head_dim=64),
                 Workload(train_seq_len=256, train_batch=4, sample_prompt_len=32, sample_new_tokens=64),
                 dtype="float32"),
+    # CPU, Qwen3.5-shaped (the hybrid family): the cpu config's width with 3 Gated DeltaNet layers per gated
+    # attention layer (as Qwen3.5), DeltaNet heads scaled like Qwen3.5-9B's (value heads twice the key heads).
+    BenchConfig("cpu-qwen3.5", dataclasses.replace(
+        PRESETS["tiny-qwen3.5"], name="bench-cpu-qwen3.5", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        extra_config={"layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+                      + ["full_attention"], "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+                      "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+                      "partial_rotary_factor": 0.25}),
+                Workload(train_seq_len=256, train_batch=4, sample_prompt_len=32, sample_new_tokens=64),
+                dtype="float32"),
     # GPU: Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8, head_dim 128, tied, 151936 vocab) in bf16.
     BenchConfig("qwen3-0.6b", dataclasses.replace(_BASE, name="bench-qwen3-0.6b", hidden_size=1024,
                                                   intermediate_size=3072, num_hidden_layers=28,

@@ -10,7 +10,9 @@ import torch
 from skyrl_tx.bench import workloads as wl
 from skyrl_tx.bench.configs import BenchConfig
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]  # skyrl_tx's set
+# skyrl_tx's set (checkpoints/formats.py TARGET_GROUPS); the DeltaNet's projections match only Qwen3.5 models.
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+           "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
 def preload() -> None:
@@ -19,6 +21,7 @@ def preload() -> None:
     import transformers  # noqa: F401
     from transformers.models.llama import modeling_llama  # noqa: F401
     from transformers.models.qwen3 import modeling_qwen3  # noqa: F401
+    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401
 
 
 def _peft_model(model_dir: Path, cfg: BenchConfig, device: str, adapters: int):

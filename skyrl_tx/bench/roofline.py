@@ -42,17 +42,35 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    # Qwen3.5: how many layers are Gated DeltaNet (the rest softmax attention, whose q_proj also yields the gate),
+    # and the DeltaNet's key heads, value heads, key dim, value dim. 0: every layer is plain attention.
+    linear_layers: int = 0
+    linear_heads: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def of(cls, preset: TinyPreset, vocab: int) -> ModelShape:
+        extra = preset.extra_config or {}
+        linear = sum(t == "linear_attention" for t in extra.get("layer_types", ()))
+        heads = tuple(int(extra.get(k, 0)) for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                                     "linear_key_head_dim", "linear_value_head_dim"))
         return cls(preset.num_hidden_layers, preset.hidden_size, preset.intermediate_size, preset.num_attention_heads,
-                   preset.num_key_value_heads, preset.head_dim, vocab)
+                   preset.num_key_value_heads, preset.head_dim, vocab, linear, heads)  # type: ignore[arg-type]
+
+    @property
+    def attention_layers(self) -> int:
+        return self.layers - self.linear_layers
 
     def linear_shapes(self) -> list[tuple[int, int]]:
-        """(in, out) of every matmul weight: 7 per layer, then lm_head (tied or not, it is one matmul)."""
+        """(in, out) of every matmul weight: 7 per attention layer (Qwen3.5: q_proj twice as wide, for the gate),
+        5 projections + 3 MLP per DeltaNet layer, then lm_head (tied or not, it is one matmul)."""
         h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        layer = [(h, q), (h, kv), (h, kv), (q, h), (h, m), (h, m), (m, h)]
-        return layer * self.layers + [(h, self.vocab)]
+        mlp = [(h, m), (h, m), (m, h)]
+        gated = 2 if self.linear_layers else 1
+        attention = [(h, gated * q), (h, kv), (h, kv), (q, h)] + mlp
+        key_heads, value_heads, key_dim, value_dim = self.linear_heads
+        qk, v = key_heads * key_dim, value_heads * value_dim
+        deltanet = [(h, 2 * qk + v), (h, v), (h, value_heads), (h, value_heads), (v, h)] + mlp
+        return attention * self.attention_layers + deltanet * self.linear_layers + [(h, self.vocab)]
 
     @property
     def matmul_params(self) -> int:
@@ -67,7 +85,7 @@ def train_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     """6·N (forward 2N + backward 4N, the usual MFU convention) plus causal attention: forward QK^T and AV are
     2·2·H·D per token per key over the average T/2 keys, times 3 for forward + backward (PaLM appendix B,
     halved for the causal mask)."""
-    attention = 3 * 2 * 2 * shape.layers * shape.heads * shape.head_dim * (seq_len / 2)
+    attention = 3 * 2 * 2 * shape.attention_layers * shape.heads * shape.head_dim * (seq_len / 2)
     return 6 * shape.matmul_params + attention
 
 
@@ -77,12 +95,15 @@ def mfu(shape: ModelShape, seq_len: int, tokens_per_s: float, peak_flops: float)
 
 def decode_bytes_per_step(shape: ModelShape, dtype_bytes: int, lora_rank: int, batch: int, prompt_len: int,
                           new_tokens: int) -> float:
-    """The least a decode step must read: every matmul weight once, the adapter (float32 factors), and each row's
-    K and V over its context, averaged over the generation (prompt + new_tokens / 2)."""
+    """The least a decode step must read: every matmul weight once, the adapter (float32 factors), each row's
+    K and V over its context, averaged over the generation (prompt + new_tokens / 2), and each row's DeltaNet state
+    (float32 [value heads, key dim, value dim] per linear layer, read and written)."""
     weights = shape.matmul_params * dtype_bytes + shape.lora_params(lora_rank) * 4
     context = prompt_len + new_tokens / 2
-    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * batch * context
-    return weights + kv
+    kv = 2 * shape.attention_layers * shape.kv_heads * shape.head_dim * dtype_bytes * batch * context
+    _, value_heads, key_dim, value_dim = shape.linear_heads
+    state = 2 * shape.linear_layers * value_heads * key_dim * value_dim * 4 * batch
+    return weights + kv + state
 
 
 def roofline_fraction(bytes_per_step: float, step_seconds: float, peak_bandwidth: float) -> float:
