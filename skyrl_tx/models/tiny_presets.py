@@ -68,6 +68,14 @@ _TINY_QWEN3 = TinyPreset(
     rms_norm_eps=1e-6,
 )
 
+# Shaped like Qwen3.5 (dense): Gated DeltaNet layers with a gated full-attention layer between them, more value than
+# key heads in the DeltaNet, zero-centred norms, RoPE on a quarter of head_dim.
+_QWEN3_5_HYBRID = {"layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                   "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                   "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25}
+_TINY_QWEN3_5 = dataclasses.replace(_TINY_QWEN3, name="tiny-qwen3.5", architecture="Qwen3_5ForCausalLM",
+                                    num_hidden_layers=4, seed=6, rope_theta=10_000_000.0, extra_config=_QWEN3_5_HYBRID)
+
 PRESETS: dict[str, TinyPreset] = {
     p.name: p
     for p in (
@@ -129,36 +137,12 @@ PRESETS: dict[str, TinyPreset] = {
                           "moe_intermediate_size": 32, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
                           "first_k_dense_replace": 1, "norm_topk_prob": True},
         ),
-        # Shaped like Qwen3.5 (dense): Gated DeltaNet layers with a gated full-attention layer between them,
-        # more value than key heads in the DeltaNet, zero-centred norms, RoPE on a quarter of head_dim.
-        dataclasses.replace(
-            _TINY_QWEN3,
-            name="tiny-qwen3.5",
-            architecture="Qwen3_5ForCausalLM",
-            num_hidden_layers=4,
-            seed=6,
-            rope_theta=10_000_000.0,
-            extra_config={"layer_types": ["linear_attention", "full_attention", "linear_attention",
-                                          "linear_attention"],
-                          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-                          "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25},
-        ),
+        _TINY_QWEN3_5,
         # Shaped like Qwen3.5-35B-A3B (Qwen3.6's MoE too): the same hybrid layers, every MLP routed experts (softmax
         # top-k, renormalised) plus one sigmoid-gated shared expert.
-        dataclasses.replace(
-            _TINY_QWEN3,
-            name="tiny-qwen3.5-moe",
-            architecture="Qwen3_5MoeForCausalLM",
-            num_hidden_layers=4,
-            seed=7,
-            rope_theta=10_000_000.0,
-            extra_config={"layer_types": ["linear_attention", "full_attention", "linear_attention",
-                                          "linear_attention"],
-                          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-                          "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25,
-                          "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                          "shared_expert_intermediate_size": 64},
-        ),
+        dataclasses.replace(_TINY_QWEN3_5, name="tiny-qwen3.5-moe", architecture="Qwen3_5MoeForCausalLM", seed=7,
+                            extra_config={**_QWEN3_5_HYBRID, "num_experts": 8, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}),
     )
 }
 
