@@ -60,6 +60,15 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
                       "partial_rotary_factor": 0.25}),
                 Workload(train_seq_len=256, train_batch=4, sample_prompt_len=32, sample_new_tokens=64),
                 dtype="float32"),
+    # CPU, mixture of experts with the `cpu` config's active size: every layer 8 experts of width 768, top-2 (a
+    # token runs 2 x 768 = the dense 1536), Qwen3-30B-A3B's routing (softmax top-k, renormalised).
+    BenchConfig("cpu-moe", dataclasses.replace(
+        PRESETS["tiny-qwen3-moe"], name="bench-cpu-moe", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+        extra_config={"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
+                      "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+                Workload(train_seq_len=256, train_batch=4, sample_prompt_len=32, sample_new_tokens=64),
+                dtype="float32"),
     # GPU: Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8, head_dim 128, tied, 151936 vocab) in bf16.
     BenchConfig("qwen3-0.6b", dataclasses.replace(_BASE, name="bench-qwen3-0.6b", hidden_size=1024,
                                                   intermediate_size=3072, num_hidden_layers=28,

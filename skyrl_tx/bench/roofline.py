@@ -35,6 +35,9 @@ def device_peaks(device_name: str, flops_override: float | None = None,
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
+    """The matmul shapes of a bench config's model: GQA (gated for Qwen3.5) or Gated DeltaNet mixers, dense or routed
+    SwiGLU MLPs. Not modelled: MLA's projections and DeepSeek's shared experts (no bench config uses them)."""
+
     layers: int
     hidden: int
     intermediate: int
@@ -46,31 +49,51 @@ class ModelShape:
     # and the DeltaNet's key heads, value heads, key dim, value dim. 0: every layer is plain attention.
     linear_layers: int = 0
     linear_heads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # Mixture of experts: how many layers route, and (experts, top-k, expert width, shared-expert width). A routed
+    # layer counts what one token runs: the router, its top-k experts and the shared expert (with its gate).
+    moe_layers: int = 0
+    experts: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def of(cls, preset: TinyPreset, vocab: int) -> ModelShape:
+        from skyrl_tx.models.architectures import BY_ARCHITECTURE, mlp_layout
+
         extra = preset.extra_config or {}
         linear = sum(t == "linear_attention" for t in extra.get("layer_types", ()))
         heads = tuple(int(extra.get(k, 0)) for k in ("linear_num_key_heads", "linear_num_value_heads",
                                                      "linear_key_head_dim", "linear_value_head_dim"))
+        num_experts = int(extra.get("num_experts") or extra.get("n_routed_experts") or 0)
+        layout = mlp_layout(BY_ARCHITECTURE[preset.architecture], preset.num_hidden_layers, num_experts=num_experts,
+                            decoder_sparse_step=int(extra.get("decoder_sparse_step") or 1),
+                            mlp_only_layers=tuple(extra.get("mlp_only_layers") or ()),
+                            first_k_dense_replace=int(extra.get("first_k_dense_replace") or 0))
+        experts = (num_experts, int(extra.get("num_experts_per_tok") or 0),
+                   int(extra.get("moe_intermediate_size") or 0), int(extra.get("shared_expert_intermediate_size") or 0))
         return cls(preset.num_hidden_layers, preset.hidden_size, preset.intermediate_size, preset.num_attention_heads,
-                   preset.num_key_value_heads, preset.head_dim, vocab, linear, heads)  # type: ignore[arg-type]
+                   preset.num_key_value_heads, preset.head_dim, vocab, linear, heads,  # type: ignore[arg-type]
+                   layout.count("moe"), experts)
 
     @property
     def attention_layers(self) -> int:
         return self.layers - self.linear_layers
 
     def linear_shapes(self) -> list[tuple[int, int]]:
-        """(in, out) of every matmul weight: 7 per attention layer (Qwen3.5: q_proj twice as wide, for the gate),
-        5 projections + 3 MLP per DeltaNet layer, then lm_head (tied or not, it is one matmul)."""
+        """(in, out) of every matmul weight one token runs: 4 per attention layer (Qwen3.5: q_proj twice as wide,
+        for the gate) or 5 per DeltaNet layer, 3 per dense MLP or the router and top-k experts' 3 each (plus a
+        shared expert) per routed MLP, then lm_head (tied or not, it is one matmul)."""
         h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        mlp = [(h, m), (h, m), (m, h)]
+        swiglu = lambda width: [(h, width), (h, width), (width, h)]  # noqa: E731
         gated = 2 if self.linear_layers else 1
-        attention = [(h, gated * q), (h, kv), (h, kv), (q, h)] + mlp
+        attention = [(h, gated * q), (h, kv), (h, kv), (q, h)]
         key_heads, value_heads, key_dim, value_dim = self.linear_heads
         qk, v = key_heads * key_dim, value_heads * value_dim
-        deltanet = [(h, 2 * qk + v), (h, v), (h, value_heads), (h, value_heads), (v, h)] + mlp
-        return attention * self.attention_layers + deltanet * self.linear_layers + [(h, self.vocab)]
+        deltanet = [(h, 2 * qk + v), (h, v), (h, value_heads), (h, value_heads), (v, h)]
+        num_experts, top_k, expert_width, shared_width = self.experts
+        routed = [(h, num_experts)] + swiglu(expert_width) * top_k
+        if shared_width:
+            routed += swiglu(shared_width) + [(h, 1)]
+        return (attention * self.attention_layers + deltanet * self.linear_layers
+                + swiglu(m) * (self.layers - self.moe_layers) + routed * self.moe_layers + [(h, self.vocab)])
 
     @property
     def matmul_params(self) -> int:

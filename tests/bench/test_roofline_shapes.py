@@ -1,5 +1,5 @@
-"""The benchmark's matmul-parameter count (MFU's 6N, the decode roofline's weight bytes) equals the nn.Linear
-weights of the transformers model, for a plain and a hybrid (Qwen3.5) preset."""
+"""The benchmark's matmul-parameter count (MFU's 6N, the decode roofline's weight bytes) equals what one token runs
+through the transformers model: its nn.Linear weights, and for a routed MLP the router and top-k of E experts."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ from skyrl_tx.bench.roofline import ModelShape
 from skyrl_tx.models.tiny_presets import PRESETS
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3.5"])
-def test_matmul_params_equal_the_linear_weights(tiny_model_dir, name: str) -> None:
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3.5-moe"])
+def test_matmul_params_equal_what_a_token_runs(tiny_model_dir, name: str) -> None:
     path = tiny_model_dir(name)
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    shape = ModelShape.of(PRESETS[name], vocab)
+    raw = json.loads((path / "config.json").read_text())
+    shape = ModelShape.of(PRESETS[name], raw["vocab_size"])
     hf = load_hf_model(path)
-    linear = sum(m.weight.numel() for m in hf.modules() if isinstance(m, torch.nn.Linear))
-    assert shape.matmul_params == linear
-    assert shape.attention_layers == (1 if name == "tiny-qwen3.5" else 2)
+    expected = sum(m.weight.numel() for m in hf.modules() if isinstance(m, torch.nn.Linear))
+    for layer in hf.model.layers:  # transformers 5: router and experts are plain parameters, experts fused 3-D
+        if hasattr(layer.mlp, "experts"):
+            fused = layer.mlp.experts.gate_up_proj.numel() + layer.mlp.experts.down_proj.numel()
+            expected += layer.mlp.gate.weight.numel() + fused * raw["num_experts_per_tok"] // raw["num_experts"]
+    assert shape.matmul_params == expected
+    assert shape.attention_layers == (1 if name.startswith("tiny-qwen3.5") else shape.layers)
+    assert shape.moe_layers == {"tiny-qwen3-moe": 2, "tiny-qwen3.5-moe": 4}.get(name, 0)
