@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
+import time
 import traceback
 from typing import Any
 
@@ -54,8 +56,18 @@ def _run(world: int, scenario: str = "ok", ranks: list[int] | None = None) -> di
     for p in procs:
         p.start()
     results = {}
-    for _ in range(len(procs) - (scenario == "dies")):  # a killed rank reports nothing
-        rank, value = out.get(timeout=TIMEOUT_S)
+    expected = len(procs) - (scenario == "dies")  # a killed rank reports nothing
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(results) < expected:
+        try:
+            rank, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            # Say what did arrive (a rank's traceback explains the others' wait) and which ranks are still running.
+            states = {i: ("running" if p.is_alive() else f"exit code {p.exitcode}") for i, p in enumerate(procs)}
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"world {world} ({scenario}): {len(results)} of {expected} ranks reported within "
+                                 f"{TIMEOUT_S:g} s; reported: {results}; processes: {states}") from None
         results[rank] = value
     for p in procs:
         p.join(TIMEOUT_S)
