@@ -133,6 +133,7 @@ at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, 
               .narrow(-1, 0, seq);  // [B, C, T]
     if (cache != nullptr) {
       SKYRL_TX_CHECK(!cache->extend, Internal, "Gated DeltaNet layers have no prefix cache (it is off for them)");
+      SKYRL_TX_INTERNAL_ASSERT(cache->lengths.defined(), "a prefill into a recurrent state needs each row's length");
       // Each row's state: its last kernel - 1 real inputs, zeros before the start (left-padded window).
       at::Tensor padded = at::constant_pad_nd(x, {kernel_ - 1, 0});  // [B, C, T + K - 1]
       at::Tensor idx = (cache->lengths.view({batch, 1, 1}) + at::arange(kernel_ - 1, cache->lengths.options()))

@@ -76,6 +76,16 @@ CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
                                                   tie_word_embeddings=True, max_position_embeddings=40960),
                 Workload(train_seq_len=1024, train_batch=8, sample_prompt_len=128, sample_new_tokens=128),
                 dtype="bfloat16", vocab_size=151936),
+    # GPU: a 4-layer stack of Qwen3-30B-A3B's layers (hidden 2048, GQA 32/4 of 128, 128 experts of width 768,
+    # top-8, renormalised; 151936 vocab) in bf16: the routed MLP at real size (about 2.4B parameters, 0.6B active).
+    BenchConfig("qwen3-30b-a3b-layers", dataclasses.replace(
+        PRESETS["tiny-qwen3-moe"], name="bench-qwen3-30b-a3b-layers", hidden_size=2048, intermediate_size=6144,
+        num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=40960,
+        extra_config={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                      "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+                Workload(train_seq_len=1024, train_batch=8, sample_prompt_len=128, sample_new_tokens=128),
+                dtype="bfloat16", vocab_size=151936),
 )}
 
 
