@@ -94,8 +94,7 @@ at::Tensor recurrent_gated_delta_step(const at::Tensor& q_in, const at::Tensor& 
 }
 
 at::Tensor GatedRmsNorm::forward(const at::Tensor& x, const at::Tensor& gate) const {
-  at::Tensor x32 = x.to(at::kFloat);
-  at::Tensor normed = (x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_)).to(x.scalar_type());
+  at::Tensor normed = rms_normalized_f32(x, eps_).to(x.scalar_type());
   return (weight_ * normed * at::silu(gate.to(at::kFloat))).to(x.scalar_type());
 }
 

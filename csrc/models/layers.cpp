@@ -19,16 +19,17 @@ lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, 
   return lora::LoraLinear(std::move(w), std::move(b), ctx.num_slots, ctx.max_rank);
 }
 
+at::Tensor rms_normalized_f32(const at::Tensor& x, double eps) {
+  at::Tensor x32 = x.to(at::kFloat);
+  return x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+}
+
 at::Tensor RmsNorm::forward(const at::Tensor& x) const {
   if (zero_centered_) {  // (x * w) in float32, then the cast (Qwen3_5RMSNorm), unlike Llama's cast-then-scale
-    at::Tensor x32 = x.to(at::kFloat);
-    at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-    return (normed * (1.0 + weight_.to(at::kFloat))).to(x.scalar_type());
+    return (rms_normalized_f32(x, eps_) * (1.0 + weight_.to(at::kFloat))).to(x.scalar_type());
   }
   if (ops::can_use_fused_rmsnorm(x)) return ops::fused_rmsnorm(x, weight_, eps_);
-  at::Tensor x32 = x.to(at::kFloat);
-  at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  return weight_ * (x32 * at::rsqrt(variance + eps_)).to(x.scalar_type());
+  return weight_ * rms_normalized_f32(x, eps_).to(x.scalar_type());
 }
 
 Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)

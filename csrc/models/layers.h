@@ -32,6 +32,9 @@ struct BuildContext {
   int64_t max_rank;
 };
 
+/// x / sqrt(mean(x^2) + eps) over the last dim, in float32 (every RMSNorm variant's first half).
+at::Tensor rms_normalized_f32(const at::Tensor& x, double eps);
+
 class RmsNorm {
  public:
   /// zero_centered: scale by (1 + weight) in float32, then cast (Qwen3.5's Qwen3_5RMSNorm; weights stored near 0).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backend_parity import ours, random_adapter, seqs_of
+from backend_parity import ALPHA, RANK, ours, random_adapter, seqs_of
 from hf_reference import hf_token_logprobs, load_hf_model
 from moe_reference import MergedLoraModel, expert_factor_names
 from train_reference import (
@@ -28,7 +28,6 @@ from skyrl_tx.types import TrainRequest
 
 PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5", "tiny-qwen3.5-moe"]
 ATOL = 1e-5
-RANK, ALPHA = 4, 8.0
 
 
 @pytest.fixture(scope="module", params=PRESETS)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backend_parity import ours, seqs_of
-from backend_parity import random_adapter as random_factors
+from backend_parity import ALPHA, RANK, ours, random_adapter, seqs_of
 from hf_reference import hf_token_logprobs, load_hf_model
 from moe_reference import MergedLoraModel, expert_factor_names, merged_parameters
 from train_reference import (
@@ -33,7 +32,6 @@ PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5-moe"]
 MLP_KINDS = {"tiny-qwen3-moe": ["dense", "moe", "moe"], "tiny-deepseek-v3": ["dense", "moe", "moe"],
              "tiny-qwen3.5-moe": ["moe"] * 4}
 ATOL = 1e-5
-RANK, ALPHA = 4, 8.0
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -44,11 +42,6 @@ def preset(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def path(preset: str, tiny_model_dir) -> Path:
     return tiny_model_dir(preset)
-
-
-def random_adapter(backend: NativeBackend, model_id: str, seed: int, rank: int = RANK, alpha: float = ALPHA,
-                   **targets) -> dict[str, torch.Tensor]:
-    return random_factors(backend, model_id, seed, rank, alpha, **targets)
 
 
 @torch.no_grad()

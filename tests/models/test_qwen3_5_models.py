@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backend_parity import ours, seqs_of
-from backend_parity import random_adapter as random_factors
+from backend_parity import ALPHA, RANK, ours, random_adapter, seqs_of
 from hf_reference import hf_token_logprobs, load_hf_model
 from train_reference import (
     assert_close,
@@ -28,18 +27,12 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import TrainRequest
 
 ATOL = 1e-5
-RANK, ALPHA = 4, 8.0
 DELTANET_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 
 
 @pytest.fixture(scope="module")
 def path(tiny_model_dir) -> Path:
     return tiny_model_dir("tiny-qwen3.5")
-
-
-def random_adapter(backend: NativeBackend, model_id: str, seed: int, rank: int = RANK, alpha: float = ALPHA,
-                   **targets) -> dict[str, torch.Tensor]:
-    return random_factors(backend, model_id, seed, rank, alpha, **targets)
 
 
 def test_hybrid_layout_and_config(backend: NativeBackend, hf: torch.nn.Module) -> None:

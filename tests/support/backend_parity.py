@@ -18,7 +18,10 @@ def ours(backend: NativeBackend, seqs: list[list[int]], adapters: list[str] | No
     return backend.token_logprobs([s[:-1] for s in seqs], [s[1:] for s in seqs], adapters)
 
 
-def random_adapter(backend: NativeBackend, model_id: str, seed: int, rank: int, alpha: float,
+RANK, ALPHA = 4, 8.0  # the parity suites' adapter shape (scale ALPHA / RANK = 2)
+
+
+def random_adapter(backend: NativeBackend, model_id: str, seed: int, rank: int = RANK, alpha: float = ALPHA,
                    **targets) -> dict[str, torch.Tensor]:
     """A LoRA model whose A and B are both random and nonzero; returns its PEFT-named factors."""
     backend.create_model(model_id, lora_rank=rank, alpha=alpha, **targets)
