@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections.abc
 import torch
 import typing
-__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'Collectives', 'CustomLoss', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'custom_loss_allowed_functions', 'custom_loss_allowed_methods', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
+__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'CollectiveStats', 'Collectives', 'CustomLoss', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'custom_loss_allowed_functions', 'custom_loss_allowed_methods', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
 class RopeScaling:
     type: str
     def __init__(self) -> None:
@@ -72,26 +72,18 @@ class ModelConfig:
     norm_topk_prob: bool
     qk_norm: bool
     rope_interleave: bool
-    partial_rotary_factor: float
-    shared_expert_intermediate_size: int
-    layer_types: list[str]
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel_dim: int
     rope_scaling: RopeScaling
     scoring_func: str
     tie_word_embeddings: bool
     def __init__(self) -> None:
         ...
-    def mlp_layout(self) -> list[str]:
-        """
-        One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.
-        """
     def mixer_layout(self) -> list[str]:
         """
         One token-mixer kind per layer ('attention' or 'gated_deltanet'), from layer_types.
+        """
+    def mlp_layout(self) -> list[str]:
+        """
+        One MLP kind per layer ('dense' or 'moe'), from the registry's layout rule.
         """
     def validate(self) -> None:
         ...
@@ -130,6 +122,42 @@ class ModelConfig:
         ...
     @kv_lora_rank.setter
     def kv_lora_rank(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def layer_types(self) -> list[str]:
+        ...
+    @layer_types.setter
+    def layer_types(self, arg0: collections.abc.Sequence[str]) -> None:
+        ...
+    @property
+    def linear_conv_kernel_dim(self) -> int:
+        ...
+    @linear_conv_kernel_dim.setter
+    def linear_conv_kernel_dim(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def linear_key_head_dim(self) -> int:
+        ...
+    @linear_key_head_dim.setter
+    def linear_key_head_dim(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def linear_num_key_heads(self) -> int:
+        ...
+    @linear_num_key_heads.setter
+    def linear_num_key_heads(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def linear_num_value_heads(self) -> int:
+        ...
+    @linear_num_value_heads.setter
+    def linear_num_value_heads(self, arg0: typing.SupportsInt) -> None:
+        ...
+    @property
+    def linear_value_head_dim(self) -> int:
+        ...
+    @linear_value_head_dim.setter
+    def linear_value_head_dim(self, arg0: typing.SupportsInt) -> None:
         ...
     @property
     def max_position_embeddings(self) -> int:
@@ -192,6 +220,12 @@ class ModelConfig:
     def num_key_value_heads(self, arg0: typing.SupportsInt) -> None:
         ...
     @property
+    def partial_rotary_factor(self) -> float:
+        ...
+    @partial_rotary_factor.setter
+    def partial_rotary_factor(self, arg0: typing.SupportsFloat) -> None:
+        ...
+    @property
     def q_lora_rank(self) -> int:
         ...
     @q_lora_rank.setter
@@ -226,6 +260,12 @@ class ModelConfig:
         ...
     @routed_scaling_factor.setter
     def routed_scaling_factor(self, arg0: typing.SupportsFloat) -> None:
+        ...
+    @property
+    def shared_expert_intermediate_size(self) -> int:
+        ...
+    @shared_expert_intermediate_size.setter
+    def shared_expert_intermediate_size(self, arg0: typing.SupportsInt) -> None:
         ...
     @property
     def topk_group(self) -> int:
@@ -603,8 +643,22 @@ class SampleResult:
     @property
     def topk_prompt_token_ids(self) -> torch.Tensor:
         ...
+class CollectiveStats:
+    def __repr__(self) -> str:
+        ...
+    @property
+    def bytes(self) -> int:
+        ...
+    @property
+    def calls(self) -> int:
+        ...
+    @property
+    def seconds(self) -> float:
+        ...
 class Collectives:
     def __init__(self, process_group: typing.Any) -> None:
+        ...
+    def all_gather(self, shard: torch.Tensor) -> torch.Tensor:
         ...
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         ...
@@ -613,6 +667,12 @@ class Collectives:
     def barrier(self) -> None:
         ...
     def broadcast(self, tensor: torch.Tensor, root: typing.SupportsInt) -> None:
+        ...
+    def reduce_scatter_sum(self, input: torch.Tensor) -> torch.Tensor:
+        ...
+    def reset_stats(self) -> None:
+        ...
+    def stats(self) -> dict[str, CollectiveStats]:
         ...
     @property
     def rank(self) -> int:
@@ -696,6 +756,8 @@ class Backend:
     def optimizer_kind(self, model_id: str) -> str:
         ...
     def optimizer_state(self, model_id: str) -> OptimizerState:
+        ...
+    def optimizer_state_bytes(self, model_id: str) -> int:
         ...
     def remove_adapter(self, adapter_id: str) -> None:
         ...

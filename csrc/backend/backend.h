@@ -15,6 +15,7 @@
 #include "models/causal_lm.h"
 #include "optim/adamw.h"
 #include "optim/dimuon.h"
+#include "optim/zero_adamw.h"
 #include "sampling/generator.h"
 
 namespace skyrl_tx::backend {
@@ -71,7 +72,10 @@ class Backend {
   /// Data parallelism: from now on every rank of `group` makes the same calls with the same requests; each
   /// computes its share of the rows (split by tokens), and all end with the same results and the gradients summed
   /// over the ranks, as one process would have them (backend/data_parallel.h). nullptr: one process again.
-  void attach_collectives(std::shared_ptr<dist::Collectives> group) { collectives_ = std::move(group); }
+  /// Full fine-tunes are then ZeRO-sharded (optim/zero_adamw.h): each rank keeps its range of the summed gradients
+  /// and of the AdamW moments, and optim_step, optimizer_state and trainable_grads of a full model become
+  /// collective (every rank calls them together). Existing full models' moments are sliced into their ranges.
+  void attach_collectives(std::shared_ptr<dist::Collectives> group);
   /// AdamW on one model's accumulated gradients, then frees them (read back as zeros). Returns grad_norm,
   /// learning_rate, step.
   std::map<std::string, double> optim_step(const std::string& model_id, const optim::AdamParams& params);
@@ -86,6 +90,9 @@ class Backend {
   /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
+  /// Bytes of optimizer state (moments, momentum) and pending gradients this rank holds for the model: a ZeRO
+  /// full fine-tune holds about 1/world_size of one process's.
+  int64_t optimizer_state_bytes(const std::string& model_id) const;
 
   // ---- checkpoint state (backend_state.cpp) ----
   /// Optimizer state of a model as float32 CPU copies: step 0 and no moments before its first optim_step.
@@ -132,6 +139,12 @@ class Backend {
  private:
   std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
   std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
+  /// What optim_step updates: trainable_tensors less buffers (DeepSeek's router score bias).
+  std::vector<optim::TrainableTensor> stepped_tensors(const std::string& model_id) const;
+  bool data_parallel() const { return collectives_ && collectives_->world_size() > 1; }
+  /// A full model's ZeRO state, or nullptr when it is not sharded (one process).
+  optim::ZeroAdamState* zero_state(const std::string& model_id);
+  const optim::ZeroAdamState* zero_state(const std::string& model_id) const;
   std::vector<batching::TrainResult> run_requests(const std::vector<batching::TrainRequest>& requests, bool train);
 
   BackendConfig config_;
@@ -139,7 +152,8 @@ class Backend {
   lora::AdapterRegistry registry_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> full_models_;
   std::map<std::string, std::unique_ptr<models::CausalLM>> frozen_models_;  // full-model snapshots (no grads)
-  std::map<std::string, optim::AdamState> optimizers_;  // one per AdamW model id
+  std::map<std::string, optim::AdamState> optimizers_;  // one per AdamW model id (ZeRO full models: below)
+  std::map<std::string, optim::ZeroAdamState> zero_optimizers_;  // one per full model while data parallel
   std::map<std::string, optim::DimuonState> dimuon_;    // one per Dimuon model id (its presence = the kind)
   void free_grads(const std::string& model_id);
 

@@ -40,6 +40,14 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
     for (const auto& [name, m] : d->second.momentum()) out.momentum[name] = host_float(m);
     return out;
   }
+  if (const optim::ZeroAdamState* zero = zero_state(model_id)) {  // collective: every rank gathers the ranges
+    out.step = zero->num_steps();
+    for (auto& [name, moments] : zero->gather_moments(*collectives_)) {
+      out.exp_avg[name] = std::move(moments.first);
+      out.exp_avg_sq[name] = std::move(moments.second);
+    }
+    return out;
+  }
   auto it = optimizers_.find(model_id);
   if (it == optimizers_.end()) return out;
   out.step = it->second.num_steps();
@@ -85,7 +93,24 @@ void Backend::set_optimizer_state(const std::string& model_id, const OptimizerSt
   }
   reject_unknown(state.exp_avg, known, "load optimizer state (exp_avg)");
   reject_unknown(state.exp_avg_sq, known, "load optimizer state (exp_avg_sq)");
+  if (optim::ZeroAdamState* zero = zero_state(model_id)) {
+    zero->restore(state.step, moments);  // this rank's range only
+    return;
+  }
   optimizers_[model_id].restore(state.step, std::move(moments));
+}
+
+int64_t Backend::optimizer_state_bytes(const std::string& model_id) const {
+  int64_t bytes = 0;
+  const std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);  // NotFound for unknown models
+  if (const optim::ZeroAdamState* zero = zero_state(model_id)) return zero->local_bytes();
+  for (const auto& t : tensors) bytes += t.grad.defined() ? int64_t(t.grad.nbytes()) : 0;
+  if (auto d = dimuon_.find(model_id); d != dimuon_.end()) {
+    for (const auto& [name, m] : d->second.momentum()) bytes += m.nbytes();
+  } else if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {
+    for (const auto& [name, moments] : it->second.moments()) bytes += moments.first.nbytes() + moments.second.nbytes();
+  }
+  return bytes;
 }
 
 void Backend::set_trainable_state(const std::string& model_id, const std::map<std::string, at::Tensor>& weights) {

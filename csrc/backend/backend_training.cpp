@@ -35,6 +35,33 @@ void Backend::create_full_model(const std::string& model_id) {
   auto model = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
   for (const auto& [name, tensor] : model->named_parameters()) tensor.requires_grad_(true);
   full_models_[model_id] = std::move(model);
+  if (data_parallel()) zero_optimizers_.emplace(model_id, optim::ZeroAdamState(stepped_tensors(model_id), *collectives_));
+}
+
+void Backend::attach_collectives(std::shared_ptr<dist::Collectives> group) {
+  SKYRL_TX_CHECK(zero_optimizers_.empty() || (group && group->world_size() > 1), InvalidArgument,
+                 "attach_collectives: full models hold ZeRO-sharded optimizer state; it cannot leave the group");
+  collectives_ = std::move(group);
+  if (!data_parallel()) return;
+  for (const auto& [model_id, model] : full_models_) {
+    if (zero_optimizers_.count(model_id)) continue;
+    optim::ZeroAdamState zero(stepped_tensors(model_id), *collectives_);
+    if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {  // moments from one process: slice them
+      zero.restore(it->second.num_steps(), it->second.moments());
+      optimizers_.erase(it);
+    }
+    zero_optimizers_.emplace(model_id, std::move(zero));
+  }
+}
+
+optim::ZeroAdamState* Backend::zero_state(const std::string& model_id) {
+  auto it = zero_optimizers_.find(model_id);
+  return it == zero_optimizers_.end() ? nullptr : &it->second;
+}
+
+const optim::ZeroAdamState* Backend::zero_state(const std::string& model_id) const {
+  auto it = zero_optimizers_.find(model_id);
+  return it == zero_optimizers_.end() ? nullptr : &it->second;
 }
 
 void Backend::remove_model(const std::string& model_id) {
@@ -43,6 +70,7 @@ void Backend::remove_model(const std::string& model_id) {
                                     "' is serving running sample requests; unload it once they finish");
     full_models_.erase(it);
     optimizers_.erase(model_id);
+    zero_optimizers_.erase(model_id);
     dimuon_.erase(model_id);
     return;
   }
@@ -71,7 +99,23 @@ std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& mo
   return out;
 }
 
+std::vector<optim::TrainableTensor> Backend::stepped_tensors(const std::string& model_id) const {
+  std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
+  // Buffers (DeepSeek's router score bias) are copied and saved with the model but never stepped.
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [](const optim::TrainableTensor& t) { return models::is_buffer_name(t.name); }),
+                tensors.end());
+  return tensors;
+}
+
 std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& model_id) const {
+  if (const optim::ZeroAdamState* zero = zero_state(model_id)) {
+    std::map<std::string, at::Tensor> out = zero->gather_pending(*collectives_);
+    for (const auto& t : trainable_tensors(model_id)) {
+      if (!out.count(t.name)) out[t.name] = at::zeros(t.param.sizes(), at::kFloat);  // buffers: no gradient
+    }
+    return out;
+  }
   std::map<std::string, at::Tensor> out;
   for (const auto& t : trainable_tensors(model_id)) {
     out[t.name] = t.grad.defined() ? t.grad.detach().to(at::kCPU, at::kFloat, false, true)
@@ -81,14 +125,15 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
 }
 
 std::map<std::string, double> Backend::optim_step(const std::string& model_id, const optim::AdamParams& params) {
-  std::vector<optim::TrainableTensor> tensors = trainable_tensors(model_id);
-  // Buffers (DeepSeek's router score bias) are copied and saved with the model but never stepped.
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                               [](const optim::TrainableTensor& t) { return models::is_buffer_name(t.name); }),
-                tensors.end());
+  std::vector<optim::TrainableTensor> tensors = stepped_tensors(model_id);
   SKYRL_TX_CHECK(!dimuon_.count(model_id), InvalidArgument, "optim_step: model '", model_id,
                  "' uses the dimuon optimizer (chosen at create_model); send optimizer_params of type dimuon "
                  "(DimuonParams), not adam_params");
+  if (optim::ZeroAdamState* zero = zero_state(model_id)) {
+    std::map<std::string, double> metrics = zero->step(tensors, params, *collectives_);
+    free_grads(model_id);
+    return metrics;
+  }
   std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params);
   free_grads(model_id);
   return metrics;
@@ -110,6 +155,7 @@ void Backend::free_grads(const std::string& model_id) {
   // (see GradTransaction), and a model between steps holds no gradient memory.
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
     for (const auto& [name, tensor] : it->second->named_parameters()) tensor.mutable_grad() = at::Tensor();
+    if (optim::ZeroAdamState* zero = zero_state(model_id)) zero->drop_pending();
   } else {
     const int64_t slot = registry_.slot_of(model_id);
     for (const auto& m : model_->lora_modules()) m.module->take_slot_grads(slot);
@@ -183,12 +229,14 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   std::optional<GradTransaction> grads;
   if (train) {
     std::set<int64_t> slots;
-    std::vector<const models::CausalLM*> full_models;
+    std::vector<FullModelGrads> full_models;
     for (size_t r = 0; r < requests.size(); ++r) {
       if (request_slot[r] != 0) slots.insert(request_slot[r]);
     }
-    for (const auto& [model, row_ids] : groups) {
-      if (model != model_.get()) full_models.push_back(model);
+    // By model id, not by `groups`' pointer order: data-parallel ranks must sum the same models' gradients in the
+    // same order, and their models live at different addresses.
+    for (const auto& [id, full] : full_models_) {
+      if (groups.count(full.get())) full_models.push_back({full.get(), zero_state(id)});
     }
     grads.emplace(*model_, slots, full_models);
   }

@@ -5,6 +5,9 @@
 
 #include <unordered_set>
 
+#include "common/errors.h"
+#include "models/architectures.h"
+
 namespace skyrl_tx::backend {
 namespace {
 
@@ -19,16 +22,18 @@ at::Tensor merged(at::Tensor fresh, const at::Tensor& before) {
 }  // namespace
 
 GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<int64_t>& lora_slots,
-                                 const std::vector<const models::CausalLM*>& full_models) {
+                                 const std::vector<FullModelGrads>& full_models) {
   for (int64_t slot : lora_slots) {
     for (const models::NamedLoraModule& m : base.lora_modules()) {
       lora_.push_back({m.module, slot, {}});
     }
   }
   std::unordered_set<const c10::TensorImpl*> seen;  // a tied tensor is set aside once
-  for (const models::CausalLM* model : full_models) {
-    for (const auto& [name, param] : model->named_parameters()) {
-      if (seen.insert(param.unsafeGetTensorImpl()).second) params_.push_back({param, at::Tensor()});
+  for (const FullModelGrads& full : full_models) {
+    if (full.zero) sharded_.push_back({full.zero, {}, {}});
+    for (const auto& [name, param] : full.model->named_parameters()) {
+      if (full.zero && !models::is_buffer_name(name)) sharded_.back().stepped.push_back(param);
+      if (seen.insert(param.unsafeGetTensorImpl()).second) params_.push_back({param, at::Tensor(), full.zero != nullptr});
     }
   }
   // Only now, with nothing left that allocates (and could throw before a destructor exists to undo it),
@@ -45,10 +50,19 @@ void GradTransaction::all_reduce(dist::Collectives& group) {
     grads.push_back(g.module->slot_grad_b(g.slot));
   }
   for (ParamGrad& p : params_) {
+    if (p.sharded) continue;
     if (!p.param.grad().defined()) p.param.mutable_grad() = at::zeros_like(p.param);
     grads.push_back(p.param.grad());
   }
   group.all_reduce_sum_flat(grads);
+  for (ShardedBatch& batch : sharded_) {
+    std::vector<at::Tensor> model_grads;
+    for (const at::Tensor& param : batch.stepped) model_grads.push_back(param.grad());  // undefined = zeros
+    batch.range = batch.zero->reduce_scatter(model_grads, group);
+  }
+  for (ParamGrad& p : params_) {  // the full-size gradients are no longer needed: only the range is kept
+    if (p.sharded) p.param.mutable_grad() = at::Tensor();
+  }
 }
 
 void GradTransaction::commit() {
@@ -57,7 +71,11 @@ void GradTransaction::commit() {
     auto [a, b] = g.module->take_slot_grads(g.slot);
     g.module->put_slot_grads(g.slot, {merged(a, g.before.first), merged(b, g.before.second)});
   }
-  for (ParamGrad& p : params_) p.param.mutable_grad() = merged(p.param.grad(), p.before);
+  for (ShardedBatch& batch : sharded_) {
+    SKYRL_TX_CHECK(batch.range.defined(), Internal, "a ZeRO model's batch was committed without all_reduce");
+  }
+  for (ParamGrad& p : params_) p.param.mutable_grad() = p.sharded ? p.before : merged(p.param.grad(), p.before);
+  for (ShardedBatch& batch : sharded_) batch.zero->add_pending(std::move(batch.range));
   committed_ = true;
 }
 

@@ -10,12 +10,20 @@
 #include "dist/collectives.h"
 #include "lora/lora_linear.h"
 #include "models/causal_lm.h"
+#include "optim/zero_adamw.h"
 
 namespace skyrl_tx::backend {
 
+/// A full fine-tune in a batch; `zero` set: its gradients are sharded over the data-parallel ranks (ZeRO).
+struct FullModelGrads {
+  const models::CausalLM* model;
+  optim::ZeroAdamState* zero = nullptr;
+};
+
 /// Sets aside the gradients a batch will add to (the LoRA accumulators of `lora_slots` in every module of
 /// `base`, and every parameter's .grad of each of `full_models`), so the batch accumulates into fresh, empty
-/// ones. commit() adds the set-aside gradients into the batch's; destruction without commit (a micro-batch
+/// ones. A ZeRO model's gradients end the batch as its rank's range of their sum (all_reduce), which commit
+/// adds to the model's pending range. commit() adds the set-aside gradients into the batch's; destruction without commit (a micro-batch
 /// threw: out of memory, a device error) drops the batch's partial gradients and puts the set-aside tensors
 /// back untouched, so a failed batch leaves every model's gradients exactly as before it.
 /// Cost: nothing when no gradients are pending (optim_step frees them); while gradients are pending (several
@@ -24,13 +32,15 @@ namespace skyrl_tx::backend {
 class GradTransaction {
  public:
   GradTransaction(const models::CausalLM& base, const std::set<int64_t>& lora_slots,
-                  const std::vector<const models::CausalLM*>& full_models);
+                  const std::vector<FullModelGrads>& full_models);
   GradTransaction(const GradTransaction&) = delete;
   GradTransaction& operator=(const GradTransaction&) = delete;
   ~GradTransaction();
 
   /// Data parallelism: sums the batch's gradients over the ranks of `group` (one flat buffer; a tensor this
-  /// rank did not touch contributes zeros). Every rank calls it with the same slots and models, before commit.
+  /// rank did not touch contributes zeros); a ZeRO model's are reduce-scattered instead (one collective per
+  /// model) and its full-size .grad tensors freed. Every rank calls it with the same slots and models, before
+  /// commit.
   void all_reduce(dist::Collectives& group);
 
   /// Keeps the batch's gradients plus the set-aside ones. Leaves the set-aside tensors unmodified until the
@@ -46,9 +56,16 @@ class GradTransaction {
   struct ParamGrad {
     at::Tensor param;
     at::Tensor before;  // .grad before the batch; undefined if none
+    bool sharded = false;  // a ZeRO model's: reduce-scattered, not all-reduced
+  };
+  struct ShardedBatch {
+    optim::ZeroAdamState* zero;
+    std::vector<at::Tensor> stepped;  // the model's stepped parameters, in the ZeRO layout's order
+    at::Tensor range;                 // [S] this rank's range of the batch's summed gradients (all_reduce)
   };
   std::vector<LoraGrads> lora_;
   std::vector<ParamGrad> params_;
+  std::vector<ShardedBatch> sharded_;
   bool committed_ = false;
 };
 

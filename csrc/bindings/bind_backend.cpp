@@ -41,6 +41,7 @@ void bind_backend(py::module_& m) {
       .def("optimizer_kind", &Backend::optimizer_kind, py::arg("model_id"))
       .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
       .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())
+      .def("optimizer_state_bytes", &Backend::optimizer_state_bytes, py::arg("model_id"))
       .def("set_tokenizer_info", &Backend::set_tokenizer_info, py::arg("eos_tokens"), py::arg("token_bytes"))
       .def("snapshot_adapter", &Backend::snapshot_adapter, py::arg("adapter_id"), py::arg("snapshot_id"), Release())
       .def("remove_snapshot", &Backend::remove_snapshot, py::arg("snapshot_id"), Release())

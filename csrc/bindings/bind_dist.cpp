@@ -15,11 +15,29 @@ namespace skyrl_tx::bindings {
 
 void bind_dist(py::module_& m) {
   using dist::Collectives;
+  py::class_<dist::CollectiveStats>(m, "CollectiveStats")
+      .def_readonly("calls", &dist::CollectiveStats::calls)
+      .def_readonly("bytes", &dist::CollectiveStats::bytes)
+      .def_readonly("seconds", &dist::CollectiveStats::seconds)
+      .def("__repr__", [](const dist::CollectiveStats& s) {
+        return str_cat("CollectiveStats(calls=", s.calls, ", bytes=", s.bytes, ", seconds=", s.seconds, ")");
+      });
   py::class_<Collectives, std::shared_ptr<Collectives>>(m, "Collectives")
       .def(py::init([](py::object group) {
              // torch.distributed's ProcessGroup object → the C++ c10d::ProcessGroup it wraps (a new reference).
              auto* raw = group.cast<c10d::ProcessGroup*>();
-             return std::make_shared<Collectives>(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(raw));
+             // Destroyed without the GIL: the last reference may be the process group's, whose destructor joins
+             // Gloo's worker threads, and a worker finishing a collective on a tensor Python has seen needs the
+             // GIL to drop it (a deadlock, seen as a rank that never exits, when the GIL is held here).
+             return std::shared_ptr<Collectives>(
+                 new Collectives(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(raw)), [](Collectives* c) {
+                   if (PyGILState_Check()) {
+                     py::gil_scoped_release no_gil;
+                     delete c;
+                   } else {
+                     delete c;
+                   }
+                 });
            }),
            py::arg("process_group"))
       .def_property_readonly("rank", &Collectives::rank)
@@ -27,9 +45,14 @@ void bind_dist(py::module_& m) {
       .def("all_reduce_sum", &Collectives::all_reduce_sum, py::arg("tensor"), py::call_guard<py::gil_scoped_release>())
       .def("all_reduce_sum_flat", [](Collectives& c, std::vector<at::Tensor> tensors) { c.all_reduce_sum_flat(tensors); },
            py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
+      .def("reduce_scatter_sum", &Collectives::reduce_scatter_sum, py::arg("input"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("all_gather", &Collectives::all_gather, py::arg("shard"), py::call_guard<py::gil_scoped_release>())
       .def("broadcast", &Collectives::broadcast, py::arg("tensor"), py::arg("root"),
            py::call_guard<py::gil_scoped_release>())
-      .def("barrier", &Collectives::barrier, py::call_guard<py::gil_scoped_release>());
+      .def("barrier", &Collectives::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("stats", &Collectives::stats)
+      .def("reset_stats", &Collectives::reset_stats);
   m.def("split_rows_by_tokens", &dist::split_rows_by_tokens, py::arg("row_tokens"), py::arg("world_size"));
 #ifdef SKYRL_TX_WITH_NCCL
   using dist::NcclCommunicator;

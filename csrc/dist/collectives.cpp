@@ -15,7 +15,8 @@ Collectives::Collectives(c10::intrusive_ptr<c10d::ProcessGroup> group) : group_(
 int Collectives::rank() const { return group_->getRank(); }
 int Collectives::world_size() const { return group_->getSize(); }
 
-void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const {
+void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t bytes,
+                       std::chrono::steady_clock::time_point started) {
   try {
     work->wait();
   } catch (const std::exception& e) {
@@ -23,14 +24,52 @@ void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* w
                            " (a rank died or hung past the group timeout): ", e.what()),
                    __FILE__, __LINE__);
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  CollectiveStats& s = stats_[what];
+  s.calls += 1, s.bytes += bytes, s.seconds += seconds;
+}
+
+std::map<std::string, CollectiveStats> Collectives::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return stats_;
+}
+
+void Collectives::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.clear();
 }
 
 void Collectives::all_reduce_sum(at::Tensor& tensor) {
   SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "all_reduce_sum: the tensor must be contiguous");
+  const auto started = std::chrono::steady_clock::now();
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  wait(group_->allreduce(tensors, options), "all_reduce_sum");
+  wait(group_->allreduce(tensors, options), "all_reduce", tensor.nbytes(), started);
+}
+
+at::Tensor Collectives::reduce_scatter_sum(const at::Tensor& input) {
+  SKYRL_TX_CHECK(input.is_contiguous() && input.dim() == 1 && input.numel() % world_size() == 0, InvalidArgument,
+                 "reduce_scatter_sum: the input must be a contiguous 1-d tensor whose length divides by the world "
+                 "size ", world_size(), " (got shape ", input.sizes(), ")");
+  const auto started = std::chrono::steady_clock::now();
+  at::Tensor output = at::empty({input.numel() / world_size()}, input.options());  // [S]
+  at::Tensor in = input;
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  wait(group_->_reduce_scatter_base(output, in, options), "reduce_scatter", input.nbytes(), started);
+  return output;
+}
+
+at::Tensor Collectives::all_gather(const at::Tensor& shard) {
+  SKYRL_TX_CHECK(shard.is_contiguous() && shard.dim() == 1, InvalidArgument,
+                 "all_gather: the shard must be a contiguous 1-d tensor (got shape ", shard.sizes(), ")");
+  const auto started = std::chrono::steady_clock::now();
+  at::Tensor output = at::empty({shard.numel() * world_size()}, shard.options());  // [W * S]
+  at::Tensor in = shard;
+  wait(group_->_allgather_base(output, in), "all_gather", output.nbytes(), started);
+  return output;
 }
 
 void Collectives::all_reduce_sum_flat(std::vector<at::Tensor>& tensors) {
@@ -51,13 +90,14 @@ void Collectives::broadcast(at::Tensor& tensor, int root) {
   SKYRL_TX_CHECK(root >= 0 && root < world_size(), InvalidArgument, "broadcast: root ", root, " is not a rank of ",
                  world_size());
   SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "broadcast: the tensor must be contiguous");
+  const auto started = std::chrono::steady_clock::now();
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  wait(group_->broadcast(tensors, options), "broadcast");
+  wait(group_->broadcast(tensors, options), "broadcast", tensor.nbytes(), started);
 }
 
-void Collectives::barrier() { wait(group_->barrier(), "barrier"); }
+void Collectives::barrier() { wait(group_->barrier(), "barrier", 0, std::chrono::steady_clock::now()); }
 
 std::vector<int64_t> split_rows_by_tokens(const std::vector<int64_t>& row_tokens, int64_t world_size) {
   SKYRL_TX_CHECK(world_size >= 1, InvalidArgument, "split_rows_by_tokens: world_size must be >= 1, got ",

@@ -1,14 +1,28 @@
-// Collectives: the c10d operations the engine's ranks run (sum all-reduce, broadcast, barrier) on a process group
-// joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the same calls — and the data-parallel split.
+// Collectives: the c10d operations the engine's ranks run (sum all-reduce, reduce-scatter, all-gather, broadcast,
+// barrier) on a process group joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the same calls —
+// with per-operation counters, and the data-parallel split.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace skyrl_tx::dist {
+
+/// What one kind of collective cost this rank since the last reset: how often it ran, the bytes of the buffer
+/// this rank handed it (all_reduce: the buffer; reduce_scatter: the full input; all_gather: the full output;
+/// broadcast: the tensor), and the seconds this rank spent inside it (waiting for slower ranks included).
+struct CollectiveStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double seconds = 0.0;
+};
 
 /// Why the group is made in Python (torch.distributed: TCPStore rendezvous, torchrun's env:// variables) and used
 /// here: the gloo headers ProcessGroupGloo.hpp needs are not shipped in the torch wheel, while the generic
@@ -24,16 +38,29 @@ class Collectives {
   /// The tensors (any shapes, one dtype) summed over ranks through one flat buffer: one collective per call,
   /// however many adapter factors a step trained. Every rank passes the same list of shapes in the same order.
   void all_reduce_sum_flat(std::vector<at::Tensor>& tensors);
+  /// `input` [world_size * S] (contiguous, the same shape on every rank) summed over ranks; returns this rank's
+  /// slice [S] of the sum (elements [rank * S, (rank + 1) * S)). Half the bytes of an all-reduce.
+  at::Tensor reduce_scatter_sum(const at::Tensor& input);
+  /// `shard` [S] from every rank, concatenated in rank order: [world_size * S].
+  at::Tensor all_gather(const at::Tensor& shard);
   /// In place: every rank ends with `root`'s values.
   void broadcast(at::Tensor& tensor, int root);
   void barrier();
 
+  /// Counters per operation name ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier").
+  std::map<std::string, CollectiveStats> stats() const;
+  void reset_stats();
+
  private:
   /// Waits for `work`; a failed or timed-out collective (a dead or hung rank) becomes skyrl_tx::Internal naming
-  /// the operation and this rank, so the engine tears the group down and recovers as after a crash.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const;
+  /// the operation and this rank, so the engine tears the group down and recovers as after a crash. Counts the
+  /// call, `bytes` and the time from `started` (before the work was issued) under `what`.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t bytes,
+            std::chrono::steady_clock::time_point started);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  mutable std::mutex stats_mutex_;  // the engine thread counts; a metrics reader may read
+  std::map<std::string, CollectiveStats> stats_;
 };
 
 /// Data parallelism splits a batch by tokens, not rows: rows (their token counts) are taken longest first and each

@@ -176,6 +176,11 @@ class NativeBackend:
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
         return _peft_names(self._core.trainable_grads(model_id))
 
+    def optimizer_state_bytes(self, model_id: str) -> int:
+        """Optimizer state and pending gradients this rank holds for the model (a ZeRO-sharded full fine-tune:
+        about 1/world_size of one process's)."""
+        return int(self._core.optimizer_state_bytes(model_id))
+
     # ---- checkpoint state -----------------------------------------------------------------------
     def set_trainable_state(self, model_id: str, weights: dict[str, torch.Tensor]) -> None:
         """Inverse of trainable_state (PEFT or HF names); every name and shape is checked first."""

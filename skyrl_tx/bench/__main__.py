@@ -1,5 +1,6 @@
-"""Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT), `... api` (API overhead) and
-`... shared-cpu` (step latency beside a busy process, per thread policy)."""
+"""Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT), `... api` (API overhead),
+`... shared-cpu` (step latency beside a busy process, per thread policy), `... data-parallel` (step, collective time
+and bytes per data-parallel layout) and the other modes below."""
 
 from __future__ import annotations
 
@@ -120,6 +121,11 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tx.bench.gemm_share import run_gemm_share
 
         run_gemm_share(argv[1:])
+        return
+    if argv and argv[0] == "data-parallel":
+        from skyrl_tx.bench.data_parallel import run_data_parallel
+
+        run_data_parallel(argv[1:])
         return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions

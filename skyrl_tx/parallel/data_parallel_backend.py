@@ -2,13 +2,13 @@
 local worker ranks it starts (one process per device), which run the same calls in lock-step.
 
 Rank 0 (the engine process) is the only rank that talks to the database; the workers only mirror calls. The
-C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed), so
-every rank holds the same weights and optimizer state after every call; what only reads (trainable_state,
-snapshots, sampling) runs on rank 0 alone. A call is sent to the workers over a Gloo control group, then run:
-- collective calls (forward_backward, forward) run on all ranks at once (their errors are decided before any
-  collective, the same on every rank);
-- other state changes (create/remove models, optim_step, set weights or optimizer state) run on rank 0 first
-  and are mirrored only if they succeed, so a refused call (an unload while samples run) changes nothing anywhere.
+C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed;
+optim/zero_adamw.h: a full fine-tune's gradients and moments sharded), so every rank holds the same weights after
+every call; what only reads weights (trainable_state, snapshots, sampling) runs on rank 0 alone. A call is sent to the workers over a Gloo control group, then run:
+- collective calls (forward_backward, forward, optim_step, and reading a full model's sharded optimizer state or
+  gradients) run on all ranks at once (their errors are decided before any collective, the same on every rank);
+- other state changes (create/remove models, set weights or optimizer state) run on rank 0 first and are mirrored
+  only if they succeed, so a refused call (an unload while samples run) changes nothing anywhere.
 Every mirrored call ends with each worker's outcome gathered to rank 0: ranks that disagree (a worker out of memory)
 are a RanksDiverged error, and the engine restarts the whole group and recovers as after a crash.
 """
@@ -32,9 +32,11 @@ from skyrl_tx.parallel.layout import RankLayout
 
 log = logging.getLogger("skyrl_tx.parallel")
 
-COLLECTIVE_CALLS = ("forward_backward", "forward")
+# optim_step, optimizer_state and trainable_grads are collective for a full fine-tune, whose gradients and AdamW
+# moments are ZeRO-sharded over the ranks (csrc/optim/zero_adamw.h); for a LoRA model they run everywhere alike.
+COLLECTIVE_CALLS = ("forward_backward", "forward", "optim_step", "optimizer_state", "trainable_grads")
 MIRRORED_CALLS = ("create_model", "create_adapter", "remove_model", "remove_adapter", "set_adapter_weights",
-                  "load_peft_adapter", "optim_step", "set_trainable_state", "set_optimizer_state")
+                  "load_peft_adapter", "set_trainable_state", "set_optimizer_state", "restore_optimizer")
 COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank
 IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait for the next call however long
 

@@ -40,9 +40,17 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out: Any) -> Non
         group.all_reduce_sum_flat(parts)
         b = torch.full((4,), float(rank * 10))  # [4]
         group.broadcast(b, root=world - 1)
+        big = torch.arange(2 * world, dtype=torch.float32) * (rank + 1)  # [world * 2]
+        scattered = group.reduce_scatter_sum(big)  # [2]
+        gathered = group.all_gather(torch.full((3,), float(rank)))  # [world * 3]
         group.barrier()
+        stats = {name: (s.calls, s.bytes) for name, s in group.stats().items()}
+        seconds = sum(s.seconds for s in group.stats().values())
+        group.reset_stats()
         out.put((rank, {"sum": t.tolist(), "flat": [p.tolist() for p in parts], "bcast": b.tolist(),
-                        "rank": group.rank, "world": group.world_size}))
+                        "scattered": scattered.tolist(), "gathered": gathered.tolist(), "stats": stats,
+                        "seconds": seconds, "after_reset": group.stats(), "rank": group.rank,
+                        "world": group.world_size}))
         leave_group()
     except Exception:  # noqa: BLE001
         out.put((rank, traceback.format_exc()))
@@ -88,6 +96,14 @@ def test_collectives_equal_their_formulas(world: int) -> None:
         assert got["flat"][0] == (torch.arange(6, dtype=torch.float32).view(2, 3) * total).tolist()
         assert got["flat"][1] == [float(sum(range(world)))] * 5
         assert got["bcast"] == [float((world - 1) * 10)] * 4
+        summed = torch.arange(2 * world, dtype=torch.float32) * total
+        assert got["scattered"] == summed[2 * rank:2 * rank + 2].tolist()
+        assert got["gathered"] == [float(r) for r in range(world) for _ in range(3)]
+        # Counters: what this rank handed each operation (float32: 4 bytes an element).
+        assert got["stats"] == {"all_reduce": (2, 4 * (6 + 6 + 5)), "broadcast": (1, 16),
+                                "reduce_scatter": (1, 4 * 2 * world), "all_gather": (1, 4 * 3 * world),
+                                "barrier": (1, 0)}, got["stats"]
+        assert got["seconds"] > 0 and got["after_reset"] == {}
 
 
 def test_a_rank_that_never_joins_is_an_error_naming_the_group() -> None:
@@ -98,7 +114,7 @@ def test_a_rank_that_never_joins_is_an_error_naming_the_group() -> None:
 
 def test_a_dead_rank_fails_the_collective_instead_of_hanging() -> None:
     results = _run(2, scenario="dies")
-    assert results[0].startswith("InternalError: collective all_reduce_sum failed on rank 0 of 2"), results[0]
+    assert results[0].startswith("InternalError: collective all_reduce failed on rank 0 of 2"), results[0]
 
 
 def _lpt_reference(tokens: list[int], world: int) -> list[int]:

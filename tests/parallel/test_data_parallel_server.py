@@ -1,6 +1,7 @@
 """Through the real tinker SDK: a server started with --backend-config '{"fully_sharded_data_parallel_size": 2}'
-(the engine plus one worker rank, Gloo) trains two tenants and samples exactly as a one-process server does; and a
-kill -9 of the engine takes its worker rank down with it and the restarted group goes on with the same weights."""
+(the engine plus one worker rank, Gloo) trains two LoRA tenants and a full fine-tune (ZeRO-sharded) and samples
+exactly as a one-process server does; and a kill -9 of the engine takes its worker rank down with it and the
+restarted group goes on with the same weights (rebuilt from a recovery snapshot: every rank's optimizer state)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from live_server import free_port, live_server
 from skyrl_tx.bench.api import _engine_pid
 from skyrl_tx.bench.live_server import healthy
 
-DP = {"fully_sharded_data_parallel_size": 2}
+# A recovery snapshot after every step: a restarted group rebuilds from one (weights and AdamW state on every rank).
+DP = {"fully_sharded_data_parallel_size": 2, "recovery_snapshot_every_steps": 1}
 STEPS = 4
 
 
@@ -37,8 +39,9 @@ def _children(pid: int) -> list[int]:
     return ranks
 
 
-def _train_and_sample(url: str, kill_engine_after_step: int | None = None, kill: str = "engine") -> dict[str, Any]:
-    """Two tenants (ranks 4 and 8, fixed seeds) train STEPS steps on ragged batches, then sample greedily."""
+def _train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: str = "engine") -> dict[str, Any]:
+    """Two LoRA tenants (ranks 4 and 8) and a full fine-tune (rank 0), fixed seeds, train STEPS steps on ragged
+    batches, then sample greedily."""
     import tinker
     from tinker import types
 
@@ -46,7 +49,7 @@ def _train_and_sample(url: str, kill_engine_after_step: int | None = None, kill:
     out: dict[str, Any] = {"losses": {}, "tokens": {}}
     with tinker.ServiceClient() as service:
         clients = {name: service.create_lora_training_client(base_model="tiny-qwen3", rank=rank, seed=seed).result()
-                   for name, rank, seed in (("a", 4, 1), ("b", 8, 2))}
+                   for name, rank, seed in (("a", 4, 1), ("b", 8, 2), ("full", 0, 3))}
         for name, client in clients.items():
             losses = []
             for step in range(STEPS):
@@ -56,8 +59,9 @@ def _train_and_sample(url: str, kill_engine_after_step: int | None = None, kill:
                                                     "weights": [1.0] * n})
                         for i, n in enumerate([9, 4, 13, 6, 2][: 3 + 2 * (step % 2)])]
                 losses.append(client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
-                client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-                if kill_engine_after_step == step and name == "a":
+                lr = 1e-3 if name == "full" else 1e-2
+                client.optim_step(types.AdamParams(learning_rate=lr)).result()
+                if kill_after == (name, step):
                     engine = _engine_pid(url)
                     workers = _children(engine)
                     assert workers, "the data-parallel engine has no worker rank"
@@ -97,13 +101,15 @@ def test_data_parallel_server_equals_one_process(preset_cache, one_process_run) 
     assert got["tokens"] == one_process_run["tokens"]
 
 
-@pytest.mark.parametrize("kill", ["engine", "worker"])
+@pytest.mark.parametrize("kill,after", [("engine", ("a", 1)), ("worker", ("full", 1))])
 def test_killing_a_rank_restarts_the_whole_group_with_the_same_weights(preset_cache, one_process_run,
-                                                                       kill: str) -> None:
-    """kill -9 of rank 0 (the engine) or of the worker rank mid-run: the group restarts, recovery reruns what was
-    running, and the run ends as an undisturbed one (no request lost or applied twice)."""
+                                                                       kill: str, after: tuple[str, int]) -> None:
+    """kill -9 of rank 0 (the engine) mid-way through a LoRA tenant's steps, or of the worker rank mid-way through
+    the full fine-tune's: the group restarts, every rank restores the newest recovery snapshot's weights and
+    optimizer state (its ZeRO range for the full model), recovery reruns what was running, and the run ends as an
+    undisturbed one (no request lost or applied twice)."""
     with live_server(backend_config=DP) as url:
-        got = _train_and_sample(url, kill_engine_after_step=1, kill=kill)
+        got = _train_and_sample(url, kill_after=after, kill=kill)
         assert healthy(url)
         if kill == "worker":
             assert "broke the group" in url.log_tail(400), url.log_tail()

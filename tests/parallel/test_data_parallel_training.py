@@ -1,6 +1,7 @@
 """Data-parallel forward_backward on real processes (Gloo): every rank computes its share of the rows (split by
 tokens) and ends with the results and weights of one process — LoRA tenants (one on a custom loss) and a full
-fine-tune in one batch, ragged batches whose row count is no multiple of the rank count, three AdamW steps."""
+fine-tune in one batch, ragged batches whose row count is no multiple of the rank count, three AdamW steps — while
+holding only its ZeRO range of the full fine-tune's gradients and AdamW moments."""
 
 from __future__ import annotations
 
@@ -70,11 +71,25 @@ def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
         steps.append([{"metrics": dict(r.metrics),
                        "outputs": [{k: torch.as_tensor(v).numpy().copy() for k, v in out.items()}
                                    for out in r.loss_fn_outputs]} for r in results])
+        if step == len(LENGTHS) - 1:  # the summed gradients, gathered from the ZeRO ranges for the full model
+            grads = {m: numpy_dict(backend.trainable_grads(m)) for m in MODELS}
+            pending_bytes = backend.optimizer_state_bytes("full")
         for model_id in MODELS:
             backend.optim_step(model_id, ROBUST_ADAM)
+    optimizer = backend.optimizer_state("full")  # every rank: gathers the ZeRO ranges
+    moments = {"exp_avg": numpy_dict(optimizer.exp_avg), "exp_avg_sq": numpy_dict(optimizer.exp_avg_sq)}
+    state_bytes = backend.optimizer_state_bytes("full")
+    # Loading the gathered state back keeps each rank's range: the same state gathers again.
+    backend.set_optimizer_state("full", optimizer.step, optimizer.exp_avg, optimizer.exp_avg_sq)
+    reloaded = backend.optimizer_state("full")
+    assert all(torch.equal(reloaded.exp_avg[k], optimizer.exp_avg[k]) for k in optimizer.exp_avg)
+    return {"steps": steps, "state": {m: numpy_dict(backend.trainable_state(m)) for m in MODELS}, "grads": grads,
+            "moments": moments, "step": optimizer.step, "state_bytes": state_bytes, "pending_bytes": pending_bytes}
+
+
+def numpy_dict(tensors: dict) -> dict:
     # numpy, not tensors: a tensor crosses the queue as a shared-memory handle that dies with this process
-    return {"steps": steps, "state": {m: {k: v.numpy().copy() for k, v in backend.trainable_state(m).items()}
-                                      for m in MODELS}}
+    return {k: v.numpy().copy() for k, v in tensors.items()}
 
 
 def _rank_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> None:
@@ -121,3 +136,15 @@ def test_data_parallel_equals_one_process(tiny_model_dir, world: int) -> None:
         for model_id in MODELS:
             assert_dicts_close(tensors(got["state"][model_id]), tensors(single["state"][model_id]), atol=1e-5,
                                what=f"rank {rank} {model_id} after 3 steps")
+            assert_dicts_close(tensors(got["grads"][model_id]), tensors(single["grads"][model_id]), atol=1e-5,
+                               what=f"rank {rank} {model_id} gradients of step 3")
+        assert got["step"] == single["step"] == len(LENGTHS)
+        for moment in ("exp_avg", "exp_avg_sq"):
+            assert_dicts_close(tensors(got["moments"][moment]), tensors(single["moments"][moment]), atol=1e-6,
+                               what=f"rank {rank} full model {moment} after 3 steps")
+        # ZeRO: each rank holds its range (1/world, padded) of the full model's float32 gradients and moments
+        # (before step 3: gradients + 2 moments; after it: the moments).
+        params = sum(v.size for v in single["moments"]["exp_avg"].values())
+        assert (single["pending_bytes"], single["state_bytes"]) == (3 * 4 * params, 2 * 4 * params)
+        shard = -(-params // world)
+        assert (got["pending_bytes"], got["state_bytes"]) == (3 * 4 * shard, 2 * 4 * shard), (got, params)
