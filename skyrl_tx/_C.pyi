@@ -379,6 +379,12 @@ class BackendConfig:
     @train_micro_batch_tokens.setter
     def train_micro_batch_tokens(self, arg0: typing.SupportsInt) -> None:
         ...
+    @property
+    def zero_bucket_mb(self) -> int:
+        ...
+    @zero_bucket_mb.setter
+    def zero_bucket_mb(self, arg0: typing.SupportsInt) -> None:
+        ...
 class CustomLoss:
     @staticmethod
     def from_wire(name: str, input_names: collections.abc.Sequence[str], input_ranks: collections.abc.Sequence[typing.SupportsInt], nodes: list) -> CustomLoss:

@@ -49,8 +49,11 @@ class BackendSettings:
     snapshot_memory_mb: int = 8192
     # Data parallelism (the seed README's key): ranks on this node, one process each (rank 0 is the engine), each
     # computing its share of every forward_backward's rows by tokens; 1: one process
-    # (skyrl_tx/parallel/data_parallel_backend.py). Weights and optimizer state are replicated, not sharded yet.
+    # (skyrl_tx/parallel/data_parallel_backend.py). A full fine-tune's gradients and AdamW moments are sharded over
+    # the ranks (ZeRO-2, csrc/optim/zero_adamw.h), moved in buckets of zero_bucket_mb float32 MB; LoRA adapters are
+    # replicated.
     fully_sharded_data_parallel_size: int = 1
+    zero_bucket_mb: int = 256
     # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
     num_processes: int = 1
@@ -105,7 +108,7 @@ class BackendSettings:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
                     "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb", "max_logprobs_k",
-                    "fully_sharded_data_parallel_size", "num_processes"):
+                    "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.max_sampling_length < 2:

@@ -22,6 +22,7 @@ struct BackendConfig {
   bool prefix_caching = true;               // reuse cached prompt prefixes of immutable weights (base, snapshots)
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
   bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
+  int64_t zero_bucket_mb = 256;             // data parallel, full fine-tuning: float32 MB per ZeRO collective
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

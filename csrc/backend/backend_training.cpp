@@ -35,7 +35,7 @@ void Backend::create_full_model(const std::string& model_id) {
   auto model = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
   for (const auto& [name, tensor] : model->named_parameters()) tensor.requires_grad_(true);
   full_models_[model_id] = std::move(model);
-  if (data_parallel()) zero_optimizers_.emplace(model_id, optim::ZeroAdamState(stepped_tensors(model_id), *collectives_));
+  if (data_parallel()) zero_optimizers_.emplace(model_id, optim::ZeroAdamState(stepped_tensors(model_id), *collectives_, zero_bucket_elements()));
 }
 
 void Backend::attach_collectives(std::shared_ptr<dist::Collectives> group) {
@@ -45,7 +45,7 @@ void Backend::attach_collectives(std::shared_ptr<dist::Collectives> group) {
   if (!data_parallel()) return;
   for (const auto& [model_id, model] : full_models_) {
     if (zero_optimizers_.count(model_id)) continue;
-    optim::ZeroAdamState zero(stepped_tensors(model_id), *collectives_);
+    optim::ZeroAdamState zero(stepped_tensors(model_id), *collectives_, zero_bucket_elements());
     if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {  // moments from one process: slice them
       zero.restore(it->second.num_steps(), it->second.moments());
       optimizers_.erase(it);

@@ -10,37 +10,70 @@
 
 namespace skyrl_tx::optim {
 
-ZeroAdamState::ZeroAdamState(const std::vector<TrainableTensor>& tensors, const dist::Collectives& group)
+ZeroAdamState::ZeroAdamState(const std::vector<TrainableTensor>& tensors, const dist::Collectives& group,
+                             int64_t bucket_elements)
     : rank_(group.rank()), world_(group.world_size()) {
   SKYRL_TX_CHECK(!tensors.empty(), InvalidArgument, "ZeRO optimizer: the model has no trainable tensors");
+  SKYRL_TX_CHECK(bucket_elements >= 1, InvalidArgument, "ZeRO optimizer: bucket_elements must be >= 1");
   for (const auto& t : tensors) {
     names_.push_back(t.name);
     shapes_.push_back(t.param.sizes().vec());
     offsets_.push_back(total_);
     total_ += t.param.numel();
   }
-  shard_ = (total_ + world_ - 1) / world_;  // the last rank's range ends in padding (zeros that stay zero)
+  // One bucket when the model fits one (no padding beyond a partial last part), else full buckets of
+  // world * B <= bucket_elements; the last bucket ends in padding (zeros that stay zero).
+  part_ = total_ <= bucket_elements ? (total_ + world_ - 1) / world_ : std::max<int64_t>(1, bucket_elements / world_);
+  buckets_ = (total_ + world_ * part_ - 1) / (world_ * part_);
   float_options_ = tensors.front().param.options().dtype(at::kFloat);
 }
 
+template <typename Visit>
+void ZeroAdamState::for_each_piece(int64_t begin, int64_t length, Visit visit) const {
+  const int64_t end = begin + length;
+  // The first tensor that ends after `begin` (offsets_ ascend).
+  size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin();
+  i = i == 0 ? 0 : i - 1;
+  for (; i < offsets_.size() && offsets_[i] < end; ++i) {
+    const int64_t numel = c10::multiply_integers(shapes_[i]);
+    const int64_t from = std::max(begin, offsets_[i]), to = std::min(end, offsets_[i] + numel);
+    if (from < to) visit(i, from - offsets_[i], from - begin, to - from);
+  }
+}
+
 at::Tensor ZeroAdamState::my_range(const std::vector<at::Tensor>& full) const {
-  at::Tensor out = at::zeros({shard_}, float_options_);  // [S]
-  const int64_t lo = rank_ * shard_, hi = lo + shard_;
-  for (size_t i = 0; i < full.size(); ++i) {
-    if (!full[i].defined()) continue;  // no gradient: zeros
-    const int64_t begin = std::max(lo, offsets_[i]), end = std::min(hi, offsets_[i] + full[i].numel());
-    if (begin >= end) continue;
-    out.narrow(0, begin - lo, end - begin).copy_(full[i].reshape({-1}).narrow(0, begin - offsets_[i], end - begin));
+  at::Tensor out = at::zeros({buckets_ * part_}, float_options_);  // [S]
+  for (int64_t b = 0; b < buckets_; ++b) {
+    at::Tensor part = out.narrow(0, b * part_, part_);  // [B]
+    for_each_piece((b * world_ + rank_) * part_, part_, [&](size_t i, int64_t in_tensor, int64_t in_part, int64_t n) {
+      if (full[i].defined()) part.narrow(0, in_part, n).copy_(full[i].reshape({-1}).narrow(0, in_tensor, n));
+    });
   }
   return out;
 }
 
-std::map<std::string, at::Tensor> ZeroAdamState::split(const at::Tensor& gathered) const {
-  std::map<std::string, at::Tensor> out;
-  for (size_t i = 0; i < names_.size(); ++i) {
-    const int64_t numel = c10::multiply_integers(shapes_[i]);
-    out[names_[i]] = gathered.narrow(0, offsets_[i], numel).reshape(shapes_[i]).to(at::kCPU, at::kFloat, false, true);
+template <typename Write>
+void ZeroAdamState::gather_buckets(const at::Tensor& range, dist::Collectives& group, Write write) const {
+  for (int64_t b = 0; b < buckets_; ++b) {
+    at::Tensor gathered = group.all_gather(range.narrow(0, b * part_, part_).contiguous());  // [W * B]
+    write(b * world_ * part_, gathered);
   }
+}
+
+std::map<std::string, at::Tensor> ZeroAdamState::gather_named(const at::Tensor& range,
+                                                              dist::Collectives& group) const {
+  std::map<std::string, at::Tensor> out;
+  std::vector<at::Tensor> flat;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    out[names_[i]] = at::empty(shapes_[i], at::kFloat);
+    flat.push_back(out[names_[i]].view({-1}));
+  }
+  gather_buckets(range, group, [&](int64_t begin, const at::Tensor& gathered) {
+    at::Tensor host = gathered.to(at::kCPU, at::kFloat);
+    for_each_piece(begin, host.numel(), [&](size_t i, int64_t in_tensor, int64_t in_bucket, int64_t n) {
+      flat[i].narrow(0, in_tensor, n).copy_(host.narrow(0, in_bucket, n));
+    });
+  });
   return out;
 }
 
@@ -48,11 +81,16 @@ at::Tensor ZeroAdamState::reduce_scatter(const std::vector<at::Tensor>& grads, d
   SKYRL_TX_CHECK(grads.size() == names_.size(), Internal, "ZeRO optimizer: ", grads.size(),
                  " gradients for a layout of ", names_.size(), " tensors");
   c10::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({shard_ * world_}, float_options_);  // [W * S] this rank's batch gradients
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].defined()) flat.narrow(0, offsets_[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
+  at::Tensor out = at::empty({buckets_ * part_}, float_options_);  // [S]
+  at::Tensor bucket = at::empty({world_ * part_}, float_options_);   // [W * B] reused: one bucket at a time
+  for (int64_t b = 0; b < buckets_; ++b) {
+    bucket.zero_();
+    for_each_piece(b * world_ * part_, world_ * part_, [&](size_t i, int64_t in_tensor, int64_t in_bucket, int64_t n) {
+      if (grads[i].defined()) bucket.narrow(0, in_bucket, n).copy_(grads[i].reshape({-1}).narrow(0, in_tensor, n));
+    });
+    out.narrow(0, b * part_, part_).copy_(group.reduce_scatter_sum(bucket));  // this rank's part [B]
   }
-  return group.reduce_scatter_sum(flat);  // [S]
+  return out;
 }
 
 void ZeroAdamState::add_pending(at::Tensor batch) {
@@ -66,7 +104,7 @@ std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTen
   SKYRL_TX_CHECK(tensors.size() == names_.size(), Internal, "ZeRO optimizer: ", tensors.size(),
                  " tensors for a layout of ", names_.size());
   c10::NoGradGuard no_grad;
-  at::Tensor grads = pending_.defined() ? pending_ : at::zeros({shard_}, float_options_);  // [S]
+  at::Tensor grads = pending_.defined() ? pending_ : at::zeros({buckets_ * part_}, float_options_);  // [S]
   at::Tensor squares = grads.to(at::kDouble).pow(2).sum().reshape({1});  // [1] this range's share of the norm²
   group.all_reduce_sum(squares);
   const double grad_norm = std::sqrt(squares.item<double>());
@@ -80,7 +118,10 @@ std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTen
   std::vector<at::Tensor> weights;
   for (const auto& t : tensors) weights.push_back(t.param);
   at::Tensor work = my_range(weights);  // [S] float32 copy of this rank's weights
-  if (!exp_avg_.defined()) exp_avg_ = at::zeros({shard_}, float_options_), exp_avg_sq_ = at::zeros_like(exp_avg_);
+  if (!exp_avg_.defined()) {
+    exp_avg_ = at::zeros({buckets_ * part_}, float_options_);  // [S]
+    exp_avg_sq_ = at::zeros_like(exp_avg_);
+  }
   if (grad_scale != 1.0) grads = grads * grad_scale;
   // AdamState's operation order, on one tensor.
   if (params.weight_decay != 0.0) work.mul_(1.0 - params.learning_rate * params.weight_decay);
@@ -96,10 +137,13 @@ std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTen
   const at::ScalarType dtype = tensors.front().param.scalar_type();
   const bool one_dtype = std::all_of(tensors.begin(), tensors.end(),
                                      [&](const TrainableTensor& t) { return t.param.scalar_type() == dtype; });
-  at::Tensor gathered = group.all_gather(work.to(one_dtype ? dtype : at::kFloat));  // [W * S]
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    tensors[i].param.copy_(gathered.narrow(0, offsets_[i], tensors[i].param.numel()).view(tensors[i].param.sizes()));
-  }
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.param.view({-1}));
+  gather_buckets(work.to(one_dtype ? dtype : at::kFloat), group, [&](int64_t begin, const at::Tensor& gathered) {
+    for_each_piece(begin, gathered.numel(), [&](size_t i, int64_t in_tensor, int64_t in_bucket, int64_t n) {
+      flat[i].narrow(0, in_tensor, n).copy_(gathered.narrow(0, in_bucket, n));
+    });
+  });
   return {{"grad_norm", grad_norm}, {"learning_rate", params.learning_rate}, {"step", static_cast<double>(step_)}};
 }
 
@@ -107,10 +151,8 @@ std::map<std::string, std::pair<at::Tensor, at::Tensor>> ZeroAdamState::gather_m
     dist::Collectives& group) const {
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> out;
   if (!exp_avg_.defined()) return out;  // the same on every rank: they step together
-  at::Tensor both = group.all_gather(at::cat({exp_avg_, exp_avg_sq_}));  // [W * 2S]: rank by rank, m then v
-  at::Tensor by_rank = both.view({world_, 2, shard_});
-  std::map<std::string, at::Tensor> m = split(by_rank.select(1, 0).reshape({-1}));
-  std::map<std::string, at::Tensor> v = split(by_rank.select(1, 1).reshape({-1}));
+  std::map<std::string, at::Tensor> m = gather_named(exp_avg_, group);
+  std::map<std::string, at::Tensor> v = gather_named(exp_avg_sq_, group);
   for (const auto& name : names_) out[name] = {m.at(name), v.at(name)};
   return out;
 }
@@ -121,7 +163,7 @@ std::map<std::string, at::Tensor> ZeroAdamState::gather_pending(dist::Collective
     for (size_t i = 0; i < names_.size(); ++i) zeros[names_[i]] = at::zeros(shapes_[i], at::kFloat);
     return zeros;
   }
-  return split(group.all_gather(pending_));
+  return gather_named(pending_, group);
 }
 
 void ZeroAdamState::restore(int64_t step, const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments) {

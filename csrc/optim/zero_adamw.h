@@ -13,8 +13,10 @@
 
 namespace skyrl_tx::optim {
 
-/// The model's stepped tensors are laid end to end in one index space of `total` elements, padded to
-/// world_size * S; rank r owns elements [r * S, (r + 1) * S). A rank keeps, for its range only: the gradients
+/// The model's stepped tensors are laid end to end in one index space of `total` elements, cut into buckets of
+/// world_size * B elements (the last one padded); rank r owns part r, elements [r * B, (r + 1) * B), of every
+/// bucket: its range is those parts, S = buckets * B elements. Collectives run bucket by bucket, so sharding a
+/// model adds one bucket of float32, not a whole-model copy. A rank keeps, for its range only: the gradients
 /// summed over the ranks (reduce-scattered after every batch, accumulated until optim_step) and the two AdamW
 /// moments; it updates its range, then every rank all-gathers the updated weights, so every rank still holds the
 /// whole model for its forward passes. Per rank: the weights plus (gradients + 2 moments) / world_size in float32,
@@ -23,8 +25,9 @@ namespace skyrl_tx::optim {
 /// Every rank calls every collective method in the same order with the same tensors (names and shapes).
 class ZeroAdamState {
  public:
-  /// The layout of `tensors` (one model's stepped tensors, the same on every rank) over `group`'s ranks.
-  ZeroAdamState(const std::vector<TrainableTensor>& tensors, const dist::Collectives& group);
+  /// The layout of `tensors` (one model's stepped tensors, the same on every rank) over `group`'s ranks, with
+  /// buckets of at most `bucket_elements` (all ranks' parts together; one bucket when the model is smaller).
+  ZeroAdamState(const std::vector<TrainableTensor>& tensors, const dist::Collectives& group, int64_t bucket_elements);
 
   /// One batch's gradients (each tensor's .grad; undefined = zeros), summed over the ranks: this rank's range
   /// [S], float32. Collective. The caller adds it with add_pending once the whole batch has succeeded.
@@ -53,15 +56,25 @@ class ZeroAdamState {
   int64_t local_bytes() const;
 
  private:
-  /// Full-length flat tensors (one per layout tensor, any dtype) → this rank's [S] range as float32.
+  /// Calls visit(tensor index, offset in that tensor, offset in [begin, begin + length), count) for every piece of
+  /// the layout's tensors inside the flat range [begin, begin + length).
+  template <typename Visit>
+  void for_each_piece(int64_t begin, int64_t length, Visit visit) const;
+  /// Layout tensors (any dtype; undefined = zeros) → this rank's [S] range as float32.
   at::Tensor my_range(const std::vector<at::Tensor>& full) const;
-  /// [world * S] gathered → one tensor per name, shaped as the layout's.
-  std::map<std::string, at::Tensor> split(const at::Tensor& gathered) const;
+  /// Bucket by bucket: all-gathers each rank's part of `range` ([S], any dtype) and hands the bucket's
+  /// [world * B] to write(bucket start in the flat space, gathered).
+  template <typename Write>
+  void gather_buckets(const at::Tensor& range, dist::Collectives& group, Write write) const;
+  /// [world * S]-shaped results of gather_buckets → one float32 CPU tensor per name, shaped as the layout's.
+  std::map<std::string, at::Tensor> gather_named(const at::Tensor& range, dist::Collectives& group) const;
 
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> offsets_;  // where each tensor starts in the flat index space
-  int64_t total_ = 0, shard_ = 0;
+  int64_t total_ = 0;
+  int64_t part_ = 0;     // B: elements of one bucket a rank owns
+  int64_t buckets_ = 0;  // the range S = buckets_ * part_
   int rank_ = 0, world_ = 1;
   at::TensorOptions float_options_;  // float32 on the model's device
   at::Tensor pending_;               // [S] float32
