@@ -4,6 +4,7 @@
 #include "bindings/bindings.h"
 #include "common/errors.h"
 #include "dist/collectives.h"
+#include "dist/weight_sync.h"
 
 #ifdef SKYRL_TX_WITH_NCCL
 #include "dist/nccl_communicator.h"
@@ -53,6 +54,21 @@ void bind_dist(py::module_& m) {
       .def("barrier", &Collectives::barrier, py::call_guard<py::gil_scoped_release>())
       .def("stats", &Collectives::stats)
       .def("reset_stats", &Collectives::reset_stats);
+  py::class_<dist::WeightSyncStats>(m, "WeightSyncStats")
+      .def_readonly("version", &dist::WeightSyncStats::version)
+      .def_readonly("tensors", &dist::WeightSyncStats::tensors)
+      .def_readonly("bytes", &dist::WeightSyncStats::bytes)
+      .def_readonly("buckets", &dist::WeightSyncStats::buckets)
+      .def_readonly("seconds", &dist::WeightSyncStats::seconds);
+  py::class_<dist::WeightSync, std::shared_ptr<dist::WeightSync>>(m, "WeightSync")
+      .def(py::init<std::shared_ptr<Collectives>, int, int64_t>(), py::arg("group"), py::arg("root"),
+           py::arg("bucket_bytes"))
+      .def("sync",
+           [](dist::WeightSync& w, int64_t version, const std::map<std::string, at::Tensor>& tensors,
+              const std::string& device) { return w.sync(version, tensors, c10::Device(device)); },
+           py::arg("version"), py::arg("tensors"), py::arg("device") = "cpu", py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("last", &dist::WeightSync::last)
+      .def_property_readonly("is_root", &dist::WeightSync::is_root);
   m.def("split_rows_by_tokens", &dist::split_rows_by_tokens, py::arg("row_tokens"), py::arg("world_size"));
 #ifdef SKYRL_TX_WITH_NCCL
   using dist::NcclCommunicator;

@@ -86,7 +86,9 @@ void Collectives::all_reduce_sum_flat(std::vector<at::Tensor>& tensors) {
   }
 }
 
-void Collectives::broadcast(at::Tensor& tensor, int root) {
+void Collectives::broadcast(at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
+
+PendingCollective Collectives::broadcast_async(at::Tensor& tensor, int root) {
   SKYRL_TX_CHECK(root >= 0 && root < world_size(), InvalidArgument, "broadcast: root ", root, " is not a rank of ",
                  world_size());
   SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "broadcast: the tensor must be contiguous");
@@ -94,8 +96,10 @@ void Collectives::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  wait(group_->broadcast(tensors, options), "broadcast", tensor.nbytes(), started);
+  return PendingCollective(this, group_->broadcast(tensors, options), "broadcast", tensor.nbytes(), started);
 }
+
+void PendingCollective::wait() { owner_->wait(work_, what_, bytes_, started_); }
 
 void Collectives::barrier() { wait(group_->barrier(), "barrier", 0, std::chrono::steady_clock::now()); }
 

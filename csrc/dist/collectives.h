@@ -27,6 +27,26 @@ struct CollectiveStats {
 /// Why the group is made in Python (torch.distributed: TCPStore rendezvous, torchrun's env:// variables) and used
 /// here: the gloo headers ProcessGroupGloo.hpp needs are not shipped in the torch wheel, while the generic
 /// c10d::ProcessGroup interface is; every collective of a step is still issued from C++, on the group torch made.
+class Collectives;
+
+/// A collective issued and not yet waited for (a broadcast overlapping the next bucket's packing).
+class PendingCollective {
+ public:
+  /// Blocks until done; failures and counters as for the blocking calls.
+  void wait();
+
+ private:
+  friend class Collectives;
+  PendingCollective(Collectives* owner, c10::intrusive_ptr<c10d::Work> work, const char* what, int64_t bytes,
+                    std::chrono::steady_clock::time_point started)
+      : owner_(owner), work_(std::move(work)), what_(what), bytes_(bytes), started_(started) {}
+  Collectives* owner_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  const char* what_;
+  int64_t bytes_;
+  std::chrono::steady_clock::time_point started_;
+};
+
 class Collectives {
  public:
   explicit Collectives(c10::intrusive_ptr<c10d::ProcessGroup> group);
@@ -45,6 +65,9 @@ class Collectives {
   at::Tensor all_gather(const at::Tensor& shard);
   /// In place: every rank ends with `root`'s values.
   void broadcast(at::Tensor& tensor, int root);
+  /// broadcast, issued: the tensor must stay alive and untouched until wait(). Collectives complete in the order
+  /// they were issued.
+  PendingCollective broadcast_async(at::Tensor& tensor, int root);
   void barrier();
 
   /// Counters per operation name ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier").
@@ -52,6 +75,7 @@ class Collectives {
   void reset_stats();
 
  private:
+  friend class PendingCollective;
   /// Waits for `work`; a failed or timed-out collective (a dead or hung rank) becomes skyrl_tx::Internal naming
   /// the operation and this rank, so the engine tears the group down and recovers as after a crash. Counts the
   /// call, `bytes` and the time from `started` (before the work was issued) under `what`.
