@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections.abc
 import torch
 import typing
-__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'CollectiveStats', 'Collectives', 'CustomLoss', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'build_info', 'custom_loss_allowed_functions', 'custom_loss_allowed_methods', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
+__all__: list[str] = ['AdamParams', 'Backend', 'BackendConfig', 'CollectiveStats', 'Collectives', 'CustomLoss', 'DatumOutput', 'DimuonParams', 'LoraConfig', 'ModelConfig', 'NcclCommunicator', 'OptimizerState', 'RopeScaling', 'SampleRequest', 'SampleResult', 'SampledSequence', 'SamplingParams', 'TrainDatum', 'TrainRequest', 'TrainResult', 'WeightSync', 'WeightSyncStats', 'build_info', 'custom_loss_allowed_functions', 'custom_loss_allowed_methods', 'newton_schulz', 'split_rows_by_tokens', 'supported_architectures']
 class RopeScaling:
     type: str
     def __init__(self) -> None:
@@ -685,6 +685,33 @@ class Collectives:
         ...
     @property
     def world_size(self) -> int:
+        ...
+class WeightSyncStats:
+    @property
+    def buckets(self) -> int:
+        ...
+    @property
+    def bytes(self) -> int:
+        ...
+    @property
+    def seconds(self) -> float:
+        ...
+    @property
+    def tensors(self) -> int:
+        ...
+    @property
+    def version(self) -> int:
+        ...
+class WeightSync:
+    def __init__(self, group: Collectives, root: typing.SupportsInt, bucket_bytes: typing.SupportsInt) -> None:
+        ...
+    def sync(self, version: typing.SupportsInt, tensors: collections.abc.Mapping[str, torch.Tensor], device: str = 'cpu') -> dict[str, torch.Tensor]:
+        ...
+    @property
+    def is_root(self) -> bool:
+        ...
+    @property
+    def last(self) -> WeightSyncStats:
         ...
 class NcclCommunicator:
     @staticmethod

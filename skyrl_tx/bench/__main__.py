@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_data_parallel(argv[1:])
         return
+    if argv and argv[0] == "weight-sync":
+        from skyrl_tx.bench.weight_sync import run_weight_sync
+
+        run_weight_sync(argv[1:])
+        return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions
 
