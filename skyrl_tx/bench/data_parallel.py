@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 from skyrl_tx.bench.configs import CONFIGS, default_config
+from skyrl_tx.bench.ranks import run_ranks
 
 KINDS = ("lora", "full")
 TIMEOUT_S = 900.0
@@ -37,13 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=3, help="timed steps per layout (median reported)")
     return p
-
-
-def _rank_main(job: dict[str, Any], rank: int, out: Any) -> None:
-    try:
-        out.put((rank, _run_rank(job, rank)))
-    except Exception:  # noqa: BLE001 - reported to the parent
-        out.put((rank, traceback.format_exc()))
 
 
 def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -104,25 +96,7 @@ def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
 
 def _run_layout(job: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's figures (the ranks run in lock-step) and every rank's losses."""
-    from skyrl_tx.ports import free_local_port
-
-    job = {**job, "address": f"127.0.0.1:{free_local_port()}"}
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    procs = [context.Process(target=_rank_main, args=(job, r, out), daemon=True) for r in range(job["world"])]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(out.get(timeout=TIMEOUT_S) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    failed = {r: v for r, v in results.items() if not isinstance(v, dict)}
-    if failed:
-        raise RuntimeError(f"data-parallel bench, world {job['world']} {job['kind']}: " +
-                           "; ".join(f"rank {r}:\n{v}" for r, v in failed.items()))
+    results = run_ranks(_run_rank, job, job["world"], TIMEOUT_S, f"data-parallel bench, {job['kind']}")
     return {**results[0], "rank_losses": [results[r]["losses"] for r in sorted(results)]}
 
 

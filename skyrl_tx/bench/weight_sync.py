@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 from skyrl_tx.bench.configs import CONFIGS
+from skyrl_tx.bench.ranks import run_ranks
 
 TIMEOUT_S = 900.0
 PAYLOADS = ("adapter", "full")
@@ -74,13 +73,6 @@ def adapter_shapes(cfg: Any, rank: int) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def _rank_main(job: dict[str, Any], rank: int, out: Any) -> None:
-    try:
-        out.put((rank, _run_rank(job, rank)))
-    except Exception:  # noqa: BLE001 - reported to the parent
-        out.put((rank, traceback.format_exc()))
-
-
 def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch
 
@@ -130,24 +122,7 @@ def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
-    from skyrl_tx.ports import free_local_port
-
-    job = {**job, "address": f"127.0.0.1:{free_local_port()}"}
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    procs = [context.Process(target=_rank_main, args=(job, r, out), daemon=True) for r in range(job["world"])]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(out.get(timeout=TIMEOUT_S) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    failed = {r: v for r, v in results.items() if not isinstance(v, dict)}
-    if failed:
-        raise RuntimeError("weight-sync bench: " + "; ".join(f"rank {r}:\n{v}" for r, v in failed.items()))
+    results = run_ranks(_run_rank, job, job["world"], TIMEOUT_S, "weight-sync bench")
     slowest = max(results.values(), key=lambda r: r["seconds"])  # a sync is done when every receiver has it
     return {**slowest, "same_digest_everywhere": len({r["digest"] for r in results.values()}) == 1}
 

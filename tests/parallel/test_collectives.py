@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import signal
-import time
 import traceback
 from typing import Any
 
 import pytest
 from live_server import free_port
+from rank_reports import collect_rank_reports
 
 TIMEOUT_S = 240.0  # spawned ranks import torch: slow on a loaded 2-core box
 
@@ -63,23 +62,8 @@ def _run(world: int, scenario: str = "ok", ranks: list[int] | None = None) -> di
              for r in (range(world) if ranks is None else ranks)]
     for p in procs:
         p.start()
-    results = {}
     expected = len(procs) - (scenario == "dies")  # a killed rank reports nothing
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(results) < expected:
-        try:
-            rank, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            # Say what did arrive (a rank's traceback explains the others' wait) and which ranks are still running.
-            states = {i: ("running" if p.is_alive() else f"exit code {p.exitcode}") for i, p in enumerate(procs)}
-            for p in procs:
-                p.kill()
-            raise AssertionError(f"world {world} ({scenario}): {len(results)} of {expected} ranks reported within "
-                                 f"{TIMEOUT_S:g} s; reported: {results}; processes: {states}") from None
-        results[rank] = value
-    for p in procs:
-        p.join(TIMEOUT_S)
-    return results
+    return collect_rank_reports(procs, out, expected, TIMEOUT_S, f"world {world} ({scenario})")
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -6,12 +6,11 @@ version k keeps version-k results while later versions arrive)."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
-import time
 import traceback
 from typing import Any
 
 from live_server import free_port
+from rank_reports import collect_rank_reports
 
 TIMEOUT_S = 240.0
 WORLD = 3  # the trainer (rank 0, the root) and two receivers
@@ -113,20 +112,7 @@ def _run(target: Any, *args: Any) -> dict[int, Any]:
     procs = [context.Process(target=target, args=(*args, r, port, out), daemon=True) for r in range(WORLD)]
     for p in procs:
         p.start()
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(results) < WORLD:
-        try:
-            rank, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            states = {i: ("running" if p.is_alive() else f"exit code {p.exitcode}") for i, p in enumerate(procs)}
-            for p in procs:
-                p.kill()
-            raise AssertionError(f"{len(results)} of {WORLD} ranks reported: {results}; processes: {states}") from None
-        results[rank] = value
-    for p in procs:
-        p.join(TIMEOUT_S)
-    return results
+    return collect_rank_reports(procs, out, WORLD, TIMEOUT_S, "weight sync")
 
 
 def test_receivers_get_the_roots_tensors_bit_for_bit() -> None:
