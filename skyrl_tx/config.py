@@ -12,6 +12,11 @@ from typing import Any
 from skyrl_tx.errors import InvalidArgumentError
 
 
+# Keys of the seed Configuration page accepted as written, and the setting each one is.
+SEED_KEYS = {"generator.inference_engine.num_engines": "num_inference_engines",
+             "generator.inference_engine.tensor_parallel_size": "inference_engine_tensor_parallel_size"}
+
+
 @dataclass(frozen=True)
 class BackendSettings:
     """Compute settings of one base model. Every field is a --backend-config key."""
@@ -58,6 +63,12 @@ class BackendSettings:
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
     num_processes: int = 1
     coordinator_address: str = ""
+    # Placement (the seeds' vocabulary): colocate_all true samples inside the training engine; false runs
+    # num_inference_engines sampler engines in processes of their own (skyrl_tx/parallel/sampler_engines.py), on the
+    # devices after the trainer's, kept current by weight syncs over c10d.
+    colocate_all: bool = True
+    num_inference_engines: int = 1
+    inference_engine_tensor_parallel_size: int = 1
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -80,6 +91,7 @@ class BackendSettings:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BackendSettings:
+        raw = {SEED_KEYS.get(k, k): v for k, v in raw.items()}  # the seed Configuration page's keys, as written
         unknown = sorted(set(raw) - set(cls.valid_keys()))
         if unknown:
             raise InvalidArgumentError(f"--backend-config: unknown key(s) {', '.join(unknown)}; "
@@ -111,6 +123,16 @@ class BackendSettings:
                     "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
+        if self.num_inference_engines < 1:
+            raise InvalidArgumentError(f"--backend-config: num_inference_engines must be >= 1 (got "
+                                       f"{self.num_inference_engines})")
+        if self.inference_engine_tensor_parallel_size != 1:
+            raise InvalidArgumentError("--backend-config: inference_engine_tensor_parallel_size (generator."
+                                       "inference_engine.tensor_parallel_size) must be 1: tensor-parallel sampler "
+                                       "engines are not built yet")
+        if not self.colocate_all and self.fully_sharded_data_parallel_size > 1:
+            raise InvalidArgumentError("--backend-config: colocate_all false (sampler engines) together with "
+                                       "fully_sharded_data_parallel_size > 1 is not built yet; use one of them")
         if self.max_sampling_length < 2:
             raise InvalidArgumentError(f"--backend-config: max_sampling_length must be >= 2 (got {self.max_sampling_length})")
         if self.dtype not in ("float32", "bfloat16"):

@@ -41,7 +41,8 @@ def _native_model_config(cfg: DecoderConfig):
 # Applied by the engine process, not the C++ core: threads (engine/threads.py), scheduling (engine/loop.py).
 HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb", "recovery_snapshot_every_steps",
                       "recovery_snapshot_every_s", "futures_retention_hours", "fully_sharded_data_parallel_size",
-                      "num_processes", "coordinator_address")
+                      "num_processes", "coordinator_address", "colocate_all", "num_inference_engines",
+                      "inference_engine_tensor_parallel_size")
 
 
 def _native_backend_config(settings: BackendSettings):

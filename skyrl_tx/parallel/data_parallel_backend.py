@@ -213,12 +213,18 @@ class DataParallelBackend:
 
 
 def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
-    """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one."""
+    """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one; with
+    colocate_all false, wrapped so that sampling runs on sampler engine processes."""
     if settings.fully_sharded_data_parallel_size > 1:
         return DataParallelBackend.start(model_dir, settings)
     from skyrl_tx.backend.native import NativeBackend
 
-    return NativeBackend(model_dir, settings)
+    backend = NativeBackend(model_dir, settings)
+    if not settings.colocate_all:
+        from skyrl_tx.parallel.sampler_engines import SamplerEnginesBackend
+
+        return SamplerEnginesBackend(backend, model_dir, settings)
+    return backend
 
 
 def run_node_process(model_dir: Path, settings: BackendSettings, process_id: int) -> int:

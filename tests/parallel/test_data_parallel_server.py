@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from engine_processes import process_state, spawned_children
 from live_server import free_port, live_server
 
 from skyrl_tx.bench.api import _engine_pid
@@ -19,24 +20,6 @@ from skyrl_tx.bench.live_server import healthy
 # A recovery snapshot after every step: a restarted group rebuilds from one (weights and AdamW state on every rank).
 DP = {"fully_sharded_data_parallel_size": 2, "recovery_snapshot_every_steps": 1}
 STEPS = 4
-
-
-def _children(pid: int) -> list[int]:
-    """The engine's worker ranks (multiprocessing spawn children; not its resource tracker)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-    ranks = []
-    for child in children:
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    ranks.append(child)
-        except OSError:
-            pass
-    return ranks
 
 
 def _train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: str = "engine") -> dict[str, Any]:
@@ -63,11 +46,11 @@ def _train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill:
                 client.optim_step(types.AdamParams(learning_rate=lr)).result()
                 if kill_after == (name, step):
                     engine = _engine_pid(url)
-                    workers = _children(engine)
+                    workers = spawned_children(engine)
                     assert workers, "the data-parallel engine has no worker rank"
                     os.kill(engine if kill == "engine" else workers[0], signal.SIGKILL)
                     deadline = time.monotonic() + 30
-                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and process_state(w) != "Z" for w in workers):
                         assert time.monotonic() < deadline, "the worker rank outlived its engine"
                         time.sleep(0.2)
             out["losses"][name] = losses
@@ -76,14 +59,6 @@ def _train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill:
                                     types.SamplingParams(max_tokens=12, temperature=0.0)).result()
             out["tokens"][name] = list(result.sequences[0].tokens)
     return out
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "X"
 
 
 @pytest.fixture(scope="module")

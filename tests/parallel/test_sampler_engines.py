@@ -1,0 +1,118 @@
+"""Disaggregated placement through the real SDK: a server with `colocate_all: false` samples on two sampler engine
+processes, kept current by weight syncs over c10d (Gloo), and gives what a colocated server gives (greedy and
+seeded tokens, their logprobs to 1e-6): two LoRA tenants and a full fine-tune, three versions each, where every
+version's sampling client, asked again after later versions were synced, still samples its own version."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from live_server import live_server
+
+DISAGGREGATED = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "max_full_models": 1}
+COLOCATED = {"max_full_models": 1}
+VERSIONS = 3
+PROMPT = [5, 17, 3, 250, 41, 9]
+
+
+def _run(url) -> dict[str, Any]:
+    import tinker
+    from tinker import types
+
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
+    out: dict[str, Any] = {}
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
+    seeded = types.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    prompt = types.ModelInput.from_ints(PROMPT)
+
+    def sample(client, params, n=1) -> list[tuple[list[int], list[float]]]:
+        result = client.sample(prompt, n, params).result()
+        return [(list(s.tokens), [float(x) for x in s.logprobs]) for s in result.sequences]
+
+    with tinker.ServiceClient() as service:
+        base = service.create_sampling_client(base_model="tiny-qwen3")
+        base = base.result() if hasattr(base, "result") else base
+        out["base"] = sample(base, greedy)
+        for name, rank in (("a", 4), ("b", 8), ("full", 0)):
+            client = service.create_lora_training_client(base_model="tiny-qwen3", rank=rank, seed=len(name)).result()
+            samplers = []
+            for version in range(VERSIONS):
+                data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5 + i, 5 + i + n))),
+                                    loss_fn_inputs={"target_tokens": list(range(6 + i, 6 + i + n)),
+                                                    "weights": [1.0] * n}) for i, n in enumerate([9, 4, 13])]
+                client.forward_backward(data, "cross_entropy").result()
+                client.optim_step(types.AdamParams(learning_rate=1e-3 if rank == 0 else 1e-2)).result()
+                samplers.append(client.save_weights_and_get_sampling_client().result())
+                out[f"{name}@{version}"] = sample(samplers[-1], greedy) + sample(samplers[-1], seeded, n=2)
+            for version, sampler in enumerate(samplers):  # older versions, after the newer ones were synced
+                out[f"{name}@{version} again"] = sample(sampler, greedy)
+    return out
+
+
+@pytest.fixture(scope="module")
+def colocated(preset_cache) -> dict[str, Any]:
+    with live_server(backend_config=COLOCATED) as url:
+        return _run(url)
+
+
+def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated) -> None:
+    with live_server(backend_config=DISAGGREGATED) as url:
+        assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
+        got = _run(url)
+        syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
+    # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.
+    assert len(syncs) == 3 * VERSIONS, syncs
+    served = [int(n) for n in syncs[-1].rsplit("[", 1)[1].rstrip("]").split(",")]
+    assert len(served) == 2 and min(served) > 0, syncs[-1]
+    assert set(got) == set(colocated)
+    for key, sequences in colocated.items():
+        assert len(got[key]) == len(sequences), key
+        for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got[key], sequences):
+            assert tokens == want_tokens, key
+            assert max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) <= 1e-6, key
+    for name in ("a", "b", "full"):
+        assert colocated[f"{name}@0"] != colocated[f"{name}@{VERSIONS - 1}"], name  # the versions differ
+        for version in range(VERSIONS):
+            (again, again_logprobs), (first, first_logprobs) = got[f"{name}@{version} again"][0], got[f"{name}@{version}"][0]
+            assert again == first, (name, version)
+            assert max(abs(a - b) for a, b in zip(again_logprobs, first_logprobs)) <= 1e-6, (name, version)
+
+
+def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> None:
+    """kill -9 of a sampler engine while 200 sample requests run: the engine process notices, exits and is restarted
+    with fresh sampler engines; recovery rebuilds the sampler snapshot and reruns what had not finished, so all 200
+    complete, each with the tokens the same request gets once things are calm again."""
+    import signal
+
+    import tinker
+    from engine_processes import spawned_children
+    from tinker import types
+
+    from skyrl_tx.bench.api import _engine_pid
+
+    with live_server(backend_config=DISAGGREGATED) as url:
+        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
+        with tinker.ServiceClient() as service:
+            client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
+            data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 14))),
+                                loss_fn_inputs={"target_tokens": list(range(6, 15)), "weights": [1.0] * 9})]
+            client.forward_backward(data, "cross_entropy").result()
+            client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            sampler = client.save_weights_and_get_sampling_client().result()
+            params = types.SamplingParams(max_tokens=6, temperature=0.0)
+            prompts = [types.ModelInput.from_ints([5 + i % 50, 17, 3 + i % 7]) for i in range(200)]
+            engine = _engine_pid(url)
+            samplers = spawned_children(engine)
+            assert len(samplers) == 2, samplers
+            futures = [sampler.sample(p, 1, params) for p in prompts[:100]]
+            os.kill(samplers[0], signal.SIGKILL)
+            futures += [sampler.sample(p, 1, params) for p in prompts[100:]]
+            burst = [list(f.result(timeout=300).sequences[0].tokens) for f in futures]
+            assert _engine_pid(url) != engine, "the engine did not restart after its sampler engine died"
+            calm = [list(f.result(timeout=300).sequences[0].tokens)
+                    for f in [sampler.sample(p, 1, params) for p in prompts]]
+        log = url.log_path.read_text(errors="replace")
+    assert "is gone (" in log and "the engine restarts with its sampler engines" in log, log[-3000:]
+    assert burst == calm
