@@ -110,8 +110,8 @@ class SamplerEnginesBackend:
 
     def __init__(self, backend: Any, model_dir: Path, settings: BackendSettings):
         from skyrl_tx.parallel.group import RankAddress, join_group
-        from skyrl_tx.ports import free_local_port
         from skyrl_tx.parallel.weight_sync import make_weight_sync
+        from skyrl_tx.ports import free_local_port
 
         self._backend = backend
         count = settings.num_inference_engines

@@ -116,3 +116,21 @@ def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> No
         log = url.log_path.read_text(errors="replace")
     assert "is gone (" in log and "the engine restarts with its sampler engines" in log, log[-3000:]
     assert burst == calm
+
+
+def test_streaming_from_a_sampler_engine_follows_its_decode_steps(preset_cache) -> None:
+    """The OpenAI endpoint's stream: true relays a sampler engine's progress step by step: with n=2 the choices'
+    chunks interleave, and each choice's chunks join to the non-streamed text."""
+    import openai
+
+    with live_server(backend_config=DISAGGREGATED) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="tml-sampler", max_retries=0, timeout=120)
+        args = {"model": "tiny-qwen3", "prompt": PROMPT, "max_tokens": 40, "temperature": 1.0, "seed": 123, "n": 2}
+        whole = client.completions.create(**args)
+        chunks = list(client.completions.create(**args, stream=True))
+    order = [c.choices[0].index for c in chunks if c.choices and c.choices[0].text]
+    for choice in whole.choices:
+        streamed = "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == choice.index)
+        assert streamed == choice.text, choice.index
+    assert all(len(c.text) > 10 for c in whole.choices), "short answers: the interleaving is not exercised"
+    assert order != sorted(order), f"choices came one after the other, not per decode step: {order}"
