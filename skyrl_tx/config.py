@@ -69,6 +69,9 @@ class BackendSettings:
     colocate_all: bool = True
     num_inference_engines: int = 1
     inference_engine_tensor_parallel_size: int = 1
+    # A sampler engine that says nothing this long while it owes results (it reports at least every second while
+    # decoding) is taken for hung: it is killed and the engine restarts with fresh ones, as after a crash.
+    inference_engine_timeout_s: float = 60.0
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -126,6 +129,9 @@ class BackendSettings:
         if self.num_inference_engines < 1:
             raise InvalidArgumentError(f"--backend-config: num_inference_engines must be >= 1 (got "
                                        f"{self.num_inference_engines})")
+        if not self.inference_engine_timeout_s > 0:
+            raise InvalidArgumentError(f"--backend-config: inference_engine_timeout_s must be > 0 (got "
+                                       f"{self.inference_engine_timeout_s})")
         if self.inference_engine_tensor_parallel_size != 1:
             raise InvalidArgumentError("--backend-config: inference_engine_tensor_parallel_size (generator."
                                        "inference_engine.tensor_parallel_size) must be 1: tensor-parallel sampler "

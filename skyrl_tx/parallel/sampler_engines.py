@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -36,6 +37,7 @@ log = logging.getLogger("skyrl_tx.parallel")
 JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
 WAIT_S = 0.02  # sample_step waits this long for a remote result when nothing else is running
 SYNC_BUCKET_BYTES = 64 << 20
+HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
 GROUP_BROKEN_EXIT = 75  # the engine process's exit code when a sampler engine died (the supervisor restarts it)
 
 
@@ -63,6 +65,7 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
     running: dict[int, int] = {}  # local sample id → the trainer's id
     watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
     conn.send(("ready", os.getpid()))
+    last_sent = time.monotonic()
     while True:
         if conn.poll(0 if running else None):
             message = conn.recv()
@@ -102,6 +105,11 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
         if mine:
             progress = backend.sample_progress(list(mine))
             conn.send(("progress", {mine[local]: tokens for local, tokens in progress.items()}))
+        if finished or mine:
+            last_sent = time.monotonic()
+        elif running and time.monotonic() - last_sent >= HEARTBEAT_S:  # decoding, nothing to report: alive
+            conn.send(("alive",))
+            last_sent = time.monotonic()
 
 
 class SamplerEnginesBackend:
@@ -115,6 +123,8 @@ class SamplerEnginesBackend:
 
         self._backend = backend
         count = settings.num_inference_engines
+        self._timeout_s = settings.inference_engine_timeout_s
+        self._heard = [time.monotonic()] * count  # when each engine last sent anything
         address = f"127.0.0.1:{free_local_port()}"
         context = multiprocessing.get_context("spawn")
         self._conns, self._procs = [], []
@@ -131,7 +141,7 @@ class SamplerEnginesBackend:
         group = join_group(RankAddress(address, 0, count + 1), timeout_s=JOIN_TIMEOUT_S)
         self._sync = make_weight_sync(group, root=0, bucket_bytes=SYNC_BUCKET_BYTES)
         for index, conn in enumerate(self._conns):
-            ready = self._receive(index)
+            ready = self._receive(index, timeout_s=JOIN_TIMEOUT_S)
             if ready[0] != "ready":
                 raise InternalError(f"sampler engine {index} did not start: {ready!r}")
         self._lora: dict[str, dict[str, Any] | None] = {}  # live model id → its LoRA shape (None: full weights)
@@ -215,6 +225,8 @@ class SamplerEnginesBackend:
             self._local.add(sample_id)
             return sample_id
         index = self._route(request.weights_id)
+        if not any(i == index for i, _ in self._in_flight.values()):
+            self._heard[index] = time.monotonic()  # an idle engine owed nothing until now
         sample_id = next(self._ids)
         self._send(index, ("submit", sample_id, request))
         self._in_flight[sample_id] = (index, request.weights_id)
@@ -263,11 +275,16 @@ class SamplerEnginesBackend:
         return not self._local and not self._in_flight
 
     def _drain(self, wait: float) -> None:
-        """Takes every message the sampler engines have sent; waits up to `wait` for the first."""
+        """Takes every message the sampler engines have sent; waits up to `wait` for the first. An engine with
+        requests in flight that has said nothing for inference_engine_timeout_s is hung."""
         ready = multiprocessing.connection.wait(self._conns, timeout=wait)
         for conn in ready:
             while conn.poll():
                 self._handle(self._conns.index(conn), self._recv(conn))
+        now = time.monotonic()
+        for index in {i for i, _ in self._in_flight.values()}:
+            if now - self._heard[index] > self._timeout_s:
+                self._engine_hung(index, f"silent for {now - self._heard[index]:.1f} s with requests in flight")
 
     def _handle(self, index: int, message: tuple) -> None:
         kind = message[0]
@@ -279,6 +296,8 @@ class SamplerEnginesBackend:
             self._in_flight.pop(message[1], None)
             self._progress.pop(message[1], None)
             self._finished.append((message[1], FailedSample(message[2])))
+        elif kind == "alive":
+            pass
         elif kind == "progress":
             for sample_id, tokens in message[1].items():
                 if sample_id in self._progress:
@@ -286,19 +305,31 @@ class SamplerEnginesBackend:
         else:
             raise InternalError(f"sampler engine {index}: unexpected message {kind!r}")
 
-    def _receive(self, index: int, kind: str | None = None) -> tuple:
-        """The next message of `kind` from engine `index`; results arriving first are kept."""
+    def _receive(self, index: int, kind: str | None = None, timeout_s: float | None = None) -> tuple:
+        """The next message of `kind` from engine `index`; results arriving first are kept. An engine silent for
+        `timeout_s` (default inference_engine_timeout_s) is hung."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         while True:
+            if not self._conns[index].poll(timeout_s):
+                self._engine_hung(index, f"no answer within {timeout_s:g} s")
             message = self._recv(self._conns[index])
             if kind is None or message[0] == kind:
                 return message
             self._handle(index, message)
 
     def _recv(self, conn: Any) -> tuple:
+        index = self._conns.index(conn)
         try:
-            return conn.recv()
+            message = conn.recv()
         except (EOFError, OSError) as exc:
-            self._engine_gone(self._conns.index(conn), exc)
+            self._engine_gone(index, exc)
+        self._heard[index] = time.monotonic()
+        return message
+
+    def _engine_hung(self, index: int, why: str) -> NoReturn:
+        """A hung sampler engine is killed, then handled as a dead one."""
+        self._procs[index].kill()
+        self._engine_gone(index, TimeoutError(f"sampler engine hung ({why}; inference_engine_timeout_s)"))
 
     def _send(self, index: int, message: tuple) -> None:
         try:

@@ -80,10 +80,12 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
             assert max(abs(a - b) for a, b in zip(again_logprobs, first_logprobs)) <= 1e-6, (name, version)
 
 
-def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> None:
-    """kill -9 of a sampler engine while 200 sample requests run: the engine process notices, exits and is restarted
-    with fresh sampler engines; recovery rebuilds the sampler snapshot and reruns what had not finished, so all 200
-    complete, each with the tokens the same request gets once things are calm again."""
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: str) -> None:
+    """kill -9 (or SIGSTOP: hung, silent past inference_engine_timeout_s) of a sampler engine while 200 sample
+    requests run: the engine process notices, exits and is restarted with fresh sampler engines; recovery rebuilds
+    the sampler snapshot and reruns what had not finished, so all 200 complete, each with the tokens the same request
+    gets once things are calm again."""
     import signal
 
     import tinker
@@ -92,7 +94,7 @@ def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> No
 
     from skyrl_tx.bench.api import _engine_pid
 
-    with live_server(backend_config=DISAGGREGATED) as url:
+    with live_server(backend_config={**DISAGGREGATED, "inference_engine_timeout_s": 3.0}) as url:
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
         with tinker.ServiceClient() as service:
             client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
@@ -107,7 +109,7 @@ def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> No
             samplers = spawned_children(engine)
             assert len(samplers) == 2, samplers
             futures = [sampler.sample(p, 1, params) for p in prompts[:100]]
-            os.kill(samplers[0], signal.SIGKILL)
+            os.kill(samplers[0], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
             futures += [sampler.sample(p, 1, params) for p in prompts[100:]]
             burst = [list(f.result(timeout=300).sequences[0].tokens) for f in futures]
             assert _engine_pid(url) != engine, "the engine did not restart after its sampler engine died"
@@ -115,6 +117,7 @@ def test_a_sampler_engine_killed_in_a_burst_loses_no_request(preset_cache) -> No
                     for f in [sampler.sample(p, 1, params) for p in prompts]]
         log = url.log_path.read_text(errors="replace")
     assert "is gone (" in log and "the engine restarts with its sampler engines" in log, log[-3000:]
+    assert ("sampler engine hung" in log) == (fault == "hung"), log[-3000:]
     assert burst == calm
 
 
