@@ -14,7 +14,14 @@ from skyrl_tx.errors import InvalidArgumentError
 
 # Keys of the seed Configuration page accepted as written, and the setting each one is.
 SEED_KEYS = {"generator.inference_engine.num_engines": "num_inference_engines",
-             "generator.inference_engine.tensor_parallel_size": "inference_engine_tensor_parallel_size"}
+             "generator.inference_engine.tensor_parallel_size": "inference_engine_tensor_parallel_size",
+             "trainer.placement.colocate_all": "colocate_all", "generator.colocate_all": "colocate_all",
+             "trainer.placement.policy_num_gpus_per_node": "fully_sharded_data_parallel_size"}
+# Seed keys with no counterpart here, and what to set instead.
+SEED_KEYS_NOT_BUILT = {
+    "generator.inference_engine.gpu_memory_utilization": "the KV cache is sized by max_sampling_sequences x "
+                                                         "max_sampling_length per engine; set those instead",
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,14 @@ class BackendSettings:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BackendSettings:
+        for key, instead in SEED_KEYS_NOT_BUILT.items():
+            if key in raw:
+                raise InvalidArgumentError(f"--backend-config: {key} is not supported: {instead}")
+        aliased = [k for k in raw if k in SEED_KEYS]
+        duplicate = [k for k in aliased if SEED_KEYS[k] in raw or sum(SEED_KEYS[a] == SEED_KEYS[k] for a in aliased) > 1]
+        if duplicate:
+            raise InvalidArgumentError(f"--backend-config: {', '.join(sorted(duplicate))} set the same setting as "
+                                       "another key given; give it once")
         raw = {SEED_KEYS.get(k, k): v for k, v in raw.items()}  # the seed Configuration page's keys, as written
         unknown = sorted(set(raw) - set(cls.valid_keys()))
         if unknown:

@@ -215,6 +215,10 @@ class DataParallelBackend:
 def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
     """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one; with
     colocate_all false, wrapped so that sampling runs on sampler engine processes."""
+    if settings.colocate_all and settings.num_inference_engines > 1:  # said, not silently ignored
+        log.warning("num_inference_engines=%d has no effect with colocate_all true: sampling runs inside the "
+                    "training engine; set colocate_all false for sampler engines of their own",
+                    settings.num_inference_engines)
     if settings.fully_sharded_data_parallel_size > 1:
         return DataParallelBackend.start(model_dir, settings)
     from skyrl_tx.backend.native import NativeBackend

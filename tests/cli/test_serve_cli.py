@@ -59,6 +59,11 @@ def test_example_core_logprobs_runs(preset_cache: Path) -> None:
     ('{"max_lora_rank": "8"}', "max_lora_rank must be of type int"),
     ("[1, 2]", "must be a JSON object"),
     ("{not json", "not valid JSON"),
+    ('{"generator.inference_engine.tensor_parallel_size": 2}', "tensor-parallel sampler engines are not built yet"),
+    ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "set those instead"),
+    ('{"colocate_all": false, "fully_sharded_data_parallel_size": 2}', "is not built yet; use one of them"),
+    ('{"colocate_all": false, "trainer.placement.colocate_all": false}', "give it once"),
+    ('{"inference_engine_timeout_s": 0.0}', "inference_engine_timeout_s must be > 0"),
 ])
 def test_backend_settings_reject_bad_values(text: str, fragment: str) -> None:
     with pytest.raises(InvalidArgumentError, match=fragment.replace("(", r"\(")):
@@ -68,3 +73,14 @@ def test_backend_settings_reject_bad_values(text: str, fragment: str) -> None:
 def test_backend_settings_accept_documented_keys() -> None:
     settings = BackendSettings.from_json('{"max_lora_adapters": 3, "dtype": "bfloat16", "device": "cuda:1"}')
     assert (settings.max_lora_adapters, settings.dtype, settings.device) == (3, "bfloat16", "cuda:1")
+
+
+def test_backend_settings_accept_the_seed_placement_keys_as_written() -> None:
+    settings = BackendSettings.from_json('{"trainer.placement.colocate_all": false, '
+                                         '"generator.inference_engine.num_engines": 4, '
+                                         '"generator.inference_engine.tensor_parallel_size": 1}')
+    assert (settings.colocate_all, settings.num_inference_engines, settings.inference_engine_tensor_parallel_size) \
+        == (False, 4, 1)
+    seed_readme = BackendSettings.from_json('{"trainer.placement.policy_num_gpus_per_node": 4, '
+                                            '"generator.inference_engine.num_engines": 4}')
+    assert (seed_readme.fully_sharded_data_parallel_size, seed_readme.colocate_all) == (4, True)
