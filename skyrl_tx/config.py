@@ -151,9 +151,6 @@ class BackendSettings:
             raise InvalidArgumentError("--backend-config: inference_engine_tensor_parallel_size (generator."
                                        "inference_engine.tensor_parallel_size) must be 1: tensor-parallel sampler "
                                        "engines are not built yet")
-        if not self.colocate_all and self.fully_sharded_data_parallel_size > 1:
-            raise InvalidArgumentError("--backend-config: colocate_all false (sampler engines) together with "
-                                       "fully_sharded_data_parallel_size > 1 is not built yet; use one of them")
         if self.max_sampling_length < 2:
             raise InvalidArgumentError(f"--backend-config: max_sampling_length must be >= 2 (got {self.max_sampling_length})")
         if self.dtype not in ("float32", "bfloat16"):

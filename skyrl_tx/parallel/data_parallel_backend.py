@@ -220,10 +220,11 @@ def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
                     "training engine; set colocate_all false for sampler engines of their own",
                     settings.num_inference_engines)
     if settings.fully_sharded_data_parallel_size > 1:
-        return DataParallelBackend.start(model_dir, settings)
-    from skyrl_tx.backend.native import NativeBackend
+        backend = DataParallelBackend.start(model_dir, settings)
+    else:
+        from skyrl_tx.backend.native import NativeBackend
 
-    backend = NativeBackend(model_dir, settings)
+        backend = NativeBackend(model_dir, settings)
     if not settings.colocate_all:
         from skyrl_tx.parallel.sampler_engines import SamplerEnginesBackend
 

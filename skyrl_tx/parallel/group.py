@@ -72,6 +72,33 @@ def join_group(address: RankAddress, device: str = "cpu", timeout_s: float = 60.
     return native.Collectives(td.distributed_c10d._get_default_group())
 
 
+def join_side_group(address: RankAddress, timeout_s: float = 60.0) -> Any:
+    """A Gloo group of its own beside the process's default group (a trainer and its sampler engines: the trainer
+    may also be rank 0 of a data-parallel default group). Rendezvous through its own TCPStore at `address` (rank 0
+    hosts it); returns skyrl_tx._C.Collectives on it. Built as torch.distributed builds its groups internally (a
+    c10d ProcessGroup with a registered Gloo backend), because init_process_group makes only the default group and
+    new_group needs every rank of it."""
+    address.check()
+    host, port = address.host_port()
+    native = load_extension()
+    import torch
+    import torch.distributed as td
+    from torch._C._distributed_c10d import ProcessGroup
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = td.TCPStore(host, port, address.world_size, is_master=address.rank == 0, timeout=timeout,
+                            wait_for_workers=True)
+        group = ProcessGroup(store, address.rank, address.world_size)
+        backend = td.ProcessGroupGloo(td.PrefixStore("side/", store), address.rank, address.world_size, timeout)
+        group._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+        group._set_default_backend(ProcessGroup.BackendType.GLOO)
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds (DistStoreError, RuntimeError, timeouts)
+        raise InternalError(f"rank {address.rank} of {address.world_size} could not join the side group at "
+                            f"{address.coordinator_address} within {timeout_s:g} s: {exc}") from exc
+    return native.Collectives(group)
+
+
 def leave_group() -> None:
     import torch.distributed as td
 

@@ -10,8 +10,9 @@ sampler engine with the fewest requests in flight (a request's num_samples toget
 live model id) runs on the trainer, as colocated.
 
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
-Not built yet: restarting a sampler engine that dies (the engine process exits, and the supervisor restarts it with
-its samplers), tensor-parallel sampler engines, and data parallelism beside sampler engines.
+The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
+join_side_group). Not built yet: restarting one sampler engine alone (the engine process exits, and the supervisor
+restarts it with its samplers), and tensor-parallel sampler engines.
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
     except OSError:
         pass
     from skyrl_tx.backend.native import NativeBackend
-    from skyrl_tx.parallel.group import RankAddress, join_group
+    from skyrl_tx.parallel.group import RankAddress, join_side_group
     from skyrl_tx.parallel.weight_sync import make_weight_sync
 
     backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
-    sync = make_weight_sync(join_group(RankAddress(address, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
+    sync = make_weight_sync(join_side_group(RankAddress(address, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
                             bucket_bytes=SYNC_BUCKET_BYTES)
     running: dict[int, int] = {}  # local sample id → the trainer's id
     watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
@@ -117,7 +118,7 @@ class SamplerEnginesBackend:
     not defined here is the wrapped backend's own; only the engine thread calls it."""
 
     def __init__(self, backend: Any, model_dir: Path, settings: BackendSettings):
-        from skyrl_tx.parallel.group import RankAddress, join_group
+        from skyrl_tx.parallel.group import RankAddress, join_side_group
         from skyrl_tx.parallel.weight_sync import make_weight_sync
         from skyrl_tx.ports import free_local_port
 
@@ -131,14 +132,15 @@ class SamplerEnginesBackend:
         for index in range(count):
             parent, child = context.Pipe()
             sampler_settings = {**dataclasses.asdict(settings), "colocate_all": True, "num_inference_engines": 1,
-                                "device": sampler_device(settings.device, index)}
+                                "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
+                                "device": sampler_device(settings, index)}
             proc = context.Process(target=_sampler_main, args=(str(model_dir), sampler_settings, index + 1, count + 1,
                                                                address, child), daemon=True,
                                    name=f"skyrl-tx-sampler-{index}")
             proc.start()
             self._conns.append(parent)
             self._procs.append(proc)
-        group = join_group(RankAddress(address, 0, count + 1), timeout_s=JOIN_TIMEOUT_S)
+        group = join_side_group(RankAddress(address, 0, count + 1), timeout_s=JOIN_TIMEOUT_S)
         self._sync = make_weight_sync(group, root=0, bucket_bytes=SYNC_BUCKET_BYTES)
         for index, conn in enumerate(self._conns):
             ready = self._receive(index, timeout_s=JOIN_TIMEOUT_S)
@@ -156,7 +158,7 @@ class SamplerEnginesBackend:
         self._progress: dict[int, list[list[int]]] = {}
         self._finished: list[tuple[int, SampleResult]] = []
         log.info("sampling on %d sampler engine(s) (pids %s, devices %s), weights synced over c10d", count,
-                 [p.pid for p in self._procs], [sampler_device(settings.device, i) for i in range(count)])
+                 [p.pid for p in self._procs], [sampler_device(settings, i) for i in range(count)])
 
     def __getattr__(self, name: str) -> Any:  # only for what is not defined here
         return getattr(self._backend, name)
@@ -361,9 +363,11 @@ class SamplerEnginesBackend:
             close()
 
 
-def sampler_device(device: str, index: int) -> str:
-    """Sampler engine `index`'s device: on a GPU node the devices after the trainer's (cuda:1, cuda:2, ...)."""
-    if device == "cpu":
+def sampler_device(settings: BackendSettings, index: int) -> str:
+    """Sampler engine `index`'s device: on a GPU node the devices after the trainer's ranks (with 2 data-parallel
+    ranks on cuda:0 and cuda:1, the sampler engines use cuda:2, cuda:3, ...)."""
+    if settings.device == "cpu":
         return "cpu"
-    trainer = int(device.split(":", 1)[1]) if ":" in device else 0
-    return f"cuda:{trainer + 1 + index}"
+    first = int(settings.device.split(":", 1)[1]) if ":" in settings.device else 0
+    trainer_ranks_here = settings.fully_sharded_data_parallel_size // max(settings.num_processes, 1)
+    return f"cuda:{first + trainer_ranks_here + index}"

@@ -61,7 +61,6 @@ def test_example_core_logprobs_runs(preset_cache: Path) -> None:
     ("{not json", "not valid JSON"),
     ('{"generator.inference_engine.tensor_parallel_size": 2}', "tensor-parallel sampler engines are not built yet"),
     ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "set those instead"),
-    ('{"colocate_all": false, "fully_sharded_data_parallel_size": 2}', "is not built yet; use one of them"),
     ('{"colocate_all": false, "trainer.placement.colocate_all": false}', "give it once"),
     ('{"inference_engine_timeout_s": 0.0}', "inference_engine_timeout_s must be > 0"),
 ])

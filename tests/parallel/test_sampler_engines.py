@@ -1,7 +1,8 @@
 """Disaggregated placement through the real SDK: a server with `colocate_all: false` samples on two sampler engine
 processes, kept current by weight syncs over c10d (Gloo), and gives what a colocated server gives (greedy and
 seeded tokens, their logprobs to 1e-6): two LoRA tenants and a full fine-tune, three versions each, where every
-version's sampling client, asked again after later versions were synced, still samples its own version."""
+version's sampling client, asked again after later versions were synced, still samples its own version; also beside
+a data-parallel trainer."""
 
 from __future__ import annotations
 
@@ -51,15 +52,25 @@ def _run(url) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-trainer-rank", "two-trainer-ranks"])
+def trainer_ranks(request) -> int:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def colocated(preset_cache) -> dict[str, Any]:
-    with live_server(backend_config=COLOCATED) as url:
+def colocated(preset_cache, trainer_ranks: int) -> dict[str, Any]:
+    """The reference: a colocated server with the same trainer layout (data-parallel training sums gradients in
+    another order than one process: its weights agree to 1e-5, not bit for bit)."""
+    with live_server(backend_config={**COLOCATED, "fully_sharded_data_parallel_size": trainer_ranks}) as url:
         return _run(url)
 
 
-def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated) -> None:
-    with live_server(backend_config=DISAGGREGATED) as url:
+def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated, trainer_ranks: int) -> None:
+    """Also with the trainer as 2 data-parallel ranks: the sync group is a group of its own beside theirs."""
+    config = {**DISAGGREGATED, "fully_sharded_data_parallel_size": trainer_ranks}
+    with live_server(backend_config=config) as url:
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
+        assert ("data parallel: 2 ranks" in url.log_tail()) == (trainer_ranks == 2), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
     # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.
