@@ -165,6 +165,7 @@ class SamplerEnginesBackend:
 
     # ---- weights the samplers hold ------------------------------------------------------------------
     def create_model(self, model_id: str, *, lora_rank: int, alpha: float | None = None, **kwargs: Any) -> Any:
+        # alpha None is the rank, as NativeBackend.create_adapter has it
         result = self._backend.create_model(model_id, lora_rank=lora_rank, alpha=alpha, **kwargs)
         self._lora[model_id] = None if lora_rank == 0 else {
             "rank": lora_rank, "alpha": float(alpha if alpha is not None else lora_rank),
@@ -172,8 +173,10 @@ class SamplerEnginesBackend:
         return result
 
     def snapshot(self, model_id: str, snapshot_id: str) -> None:
+        if model_id not in self._lora:  # every model the engine trains is made through create_model above
+            raise InternalError(f"snapshot of {model_id!r}: the sampler engines' wrapper did not see it created")
         self._backend.snapshot(model_id, snapshot_id)
-        lora = self._lora.get(model_id)
+        lora = self._lora[model_id]
         tensors = (self._backend.adapter_state_dict(model_id) if lora is not None
                    else self._backend.trainable_state(model_id))
         self._sync_or_undo(snapshot_id, tensors, lora)
@@ -186,6 +189,10 @@ class SamplerEnginesBackend:
     def load_frozen_model(self, snapshot_id: str, weights: dict[str, Any]) -> None:
         self._backend.load_frozen_model(snapshot_id, weights)
         self._sync_or_undo(snapshot_id, weights, None)
+
+    def remove_model(self, model_id: str) -> None:
+        self._backend.remove_model(model_id)
+        self._lora.pop(model_id, None)
 
     def remove_snapshot(self, snapshot_id: str) -> None:
         if any(weights_id == snapshot_id for _, weights_id in self._in_flight.values()):
