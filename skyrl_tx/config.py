@@ -79,6 +79,9 @@ class BackendSettings:
     # A sampler engine that says nothing this long while it owes results (it reports at least every second while
     # decoding) is taken for hung: it is killed and the engine restarts with fresh ones, as after a crash.
     inference_engine_timeout_s: float = 60.0
+    # Debugging: every weight sync is hashed (sha256 of the weights) on the trainer and on every sampler engine and
+    # logged; a sampler engine holding other weights fails the save. Costs a pass over the weights per sync.
+    weight_sync_digests: bool = False
 
     @classmethod
     def valid_keys(cls) -> list[str]:

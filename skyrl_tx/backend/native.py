@@ -42,7 +42,7 @@ def _native_model_config(cfg: DecoderConfig):
 HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb", "recovery_snapshot_every_steps",
                       "recovery_snapshot_every_s", "futures_retention_hours", "fully_sharded_data_parallel_size",
                       "num_processes", "coordinator_address", "colocate_all", "num_inference_engines",
-                      "inference_engine_tensor_parallel_size", "inference_engine_timeout_s")
+                      "inference_engine_tensor_parallel_size", "inference_engine_timeout_s", "weight_sync_digests")
 
 
 def _native_backend_config(settings: BackendSettings):

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
+from skyrl_tx.parallel.weight_sync import weights_digest
 from skyrl_tx.types import SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.parallel")
@@ -58,9 +59,10 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
         pass
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.parallel.group import RankAddress, join_side_group
-    from skyrl_tx.parallel.weight_sync import make_weight_sync
+    from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
 
     backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
+    digests = backend.settings.weight_sync_digests
     sync = make_weight_sync(join_side_group(RankAddress(address, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
                             bucket_bytes=SYNC_BUCKET_BYTES)
     running: dict[int, int] = {}  # local sample id → the trainer's id
@@ -82,6 +84,7 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
             elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
                 _, snapshot_id, lora = message
                 tensors = sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
+                digest = weights_digest(tensors) if digests else None
                 error = None
                 try:
                     if lora is not None:
@@ -90,7 +93,7 @@ def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: in
                         backend.load_frozen_model(snapshot_id, {k: v.clone() for k, v in tensors.items()})
                 except Exception as exc:  # noqa: BLE001 - reported to the trainer, which undoes the snapshot
                     error = exc
-                conn.send(("synced", snapshot_id, error))
+                conn.send(("synced", snapshot_id, error, digest))
             elif kind == "remove":
                 if backend.has_snapshot(message[1]):
                     backend.remove_snapshot(message[1])
@@ -125,6 +128,7 @@ class SamplerEnginesBackend:
         self._backend = backend
         count = settings.num_inference_engines
         self._timeout_s = settings.inference_engine_timeout_s
+        self._digests = settings.weight_sync_digests
         self._heard = [time.monotonic()] * count  # when each engine last sent anything
         address = f"127.0.0.1:{free_local_port()}"
         context = multiprocessing.get_context("spawn")
@@ -210,9 +214,18 @@ class SamplerEnginesBackend:
         try:
             for index in range(len(self._conns)):
                 self._send(index, ("sync", snapshot_id, lora))
-            self._sync.sync(self._versions, {k: v.contiguous() for k, v in tensors.items()}, "cpu")
+            sent = {k: v.contiguous() for k, v in tensors.items()}
+            self._sync.sync(self._versions, sent, "cpu")
             self._versions += 1
-            errors = [self._receive(index, "synced")[2] for index in range(len(self._conns))]
+            answers = [self._receive(index, "synced") for index in range(len(self._conns))]
+            errors = [answer[2] for answer in answers]
+            digest = weights_digest(sent) if self._digests else None
+            if digest is not None and not any(errors):
+                log.info("weight sync %d digest: trainer %s, sampler engines %s", self._versions - 1, digest,
+                         [answer[3] for answer in answers])
+                errors = [None if answer[3] == digest else InternalError(
+                    f"weight sync of {snapshot_id!r}: sampler engine {index} holds other weights (digest "
+                    f"{answer[3]}, the trainer's {digest})") for index, answer in enumerate(answers)]
         except BaseException:
             self._backend.remove_snapshot(snapshot_id)
             raise

@@ -148,3 +148,41 @@ def test_streaming_from_a_sampler_engine_follows_its_decode_steps(preset_cache) 
         assert streamed == choice.text, choice.index
     assert all(len(c.text) > 10 for c in whole.choices), "short answers: the interleaving is not exercised"
     assert order != sorted(order), f"choices came one after the other, not per decode step: {order}"
+
+
+def test_rl_steps_keep_every_sampler_engine_bit_identical_to_the_trainer(preset_cache) -> None:
+    """Five RL-style steps (train, ephemeral sync, sample): with weight_sync_digests every sync's weights hash the
+    same on the trainer and on both sampler engines, and the sampled tokens' logprobs equal a forward pass of the
+    trainer's model over them to 1e-5."""
+    import re
+
+    import tinker
+    from tinker import types
+
+    with live_server(backend_config={**DISAGGREGATED, "weight_sync_digests": True}) as url:
+        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
+        with tinker.ServiceClient() as service:
+            client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=2).result()
+            data = [types.Datum(model_input=types.ModelInput.from_ints(PROMPT[:-1]),
+                                loss_fn_inputs={"target_tokens": PROMPT[1:], "weights": [1.0] * (len(PROMPT) - 1)})]
+            for step in range(5):
+                client.forward_backward(data, "cross_entropy").result()
+                client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+                sampler = client.save_weights_and_get_sampling_client().result()
+                result = sampler.sample(types.ModelInput.from_ints(PROMPT), 2,
+                                        types.SamplingParams(max_tokens=8, temperature=1.0, seed=step)).result()
+                data = []
+                for seq in result.sequences:
+                    tokens = PROMPT + list(seq.tokens)
+                    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                        loss_fn_inputs={"target_tokens": tokens[1:],
+                                                        "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * len(seq.tokens)})
+                    forward = client.forward([datum], "cross_entropy").result()
+                    trainer = forward.loss_fn_outputs[0]["logprobs"].tolist()[len(PROMPT) - 1:]
+                    assert max(abs(a - b) for a, b in zip(seq.logprobs, trainer)) <= 1e-5, step
+                    data.append(datum)  # the next step trains on what was sampled
+        log = url.log_path.read_text(errors="replace")
+    digests = re.findall(r"weight sync (\d+) digest: trainer (\w+), sampler engines \['(\w+)', '(\w+)'\]", log)
+    assert len(digests) == 5, log[-3000:]
+    assert all(trainer == a == b for _, trainer, a, b in digests), digests
+    assert len({trainer for _, trainer, _, _ in digests}) == 5  # every step synced new weights
