@@ -13,12 +13,12 @@ import pytest
 from live_server import free_port
 
 TIMEOUT_S = 240.0
-MODELS = ("a", "b", "full")
-# Per model, the input lengths of its datums in each of the 3 steps: 7 rows a step (no multiple of 2 or 3), one
+MODELS = ("a", "b", "full", "full2")  # two full fine-tunes: their gradients must never mix across ranks
+# Per model, the input lengths of its datums in each of the 3 steps: 11 rows a step (no multiple of 2 or 3), one
 # step where a model has a single row.
-LENGTHS = [{"a": [11, 4, 7], "b": [9, 3], "full": [6, 5]},
-           {"a": [5], "b": [12, 2, 8, 6], "full": [10, 3]},
-           {"a": [8, 8, 3], "b": [4], "full": [7, 9, 2]}]
+LENGTHS = [{"a": [11, 4, 7], "b": [9, 3], "full": [6, 5], "full2": [4, 3, 6, 2]},
+           {"a": [5], "b": [12, 2, 8, 6], "full": [10, 3], "full2": [7, 2, 3, 6]},
+           {"a": [8, 8, 3], "b": [4], "full": [7, 9, 2], "full2": [5, 5, 2, 8]}]
 
 
 def weighted_nll(logprobs, weights):  # model "a" trains on it as a create_custom_loss graph
@@ -49,11 +49,12 @@ def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     # zero_bucket_mb=1: the full model's 344k float32 parameters (1.3 MB) move in two ZeRO buckets
-    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=2, max_lora_rank=4, max_full_models=1,
+    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=2, max_lora_rank=4, max_full_models=2,
                                                        train_micro_batch_tokens=24, zero_bucket_mb=1))
     create_lora_with_nonzero_b(backend, "a", rank=4, alpha=8.0, seed=1, b_seed=2)
     create_lora_with_nonzero_b(backend, "b", rank=2, alpha=4.0, seed=3, b_seed=4)
     backend.create_model("full", lora_rank=0)
+    backend.create_model("full2", lora_rank=0)
     vocab = backend.decoder_config.vocab_size
     steps = []
     for step, lengths in enumerate(LENGTHS):
