@@ -7,40 +7,41 @@ sampler checkpoints loaded from storage, full-model snapshots moved back from di
 through WeightSync over a c10d group (csrc/dist/weight_sync.h: Gloo on CPU, NCCL on GPUs), never through the disk,
 and kept there as a frozen version; each sample request of the base model or of a synced snapshot runs on the
 sampler engine with the fewest requests in flight (a request's num_samples together). Anything else (sampling a
-live model id) runs on the trainer, as colocated.
+live model id) runs on the trainer, as colocated. The engine processes' side: parallel/sampler_engine_process.py.
+
+A sampler engine that dies or hangs is replaced: the others join a new sync group with a fresh one, which receives
+every live LoRA version again (the trainer keeps their factors), and the requests it had run again on the engines.
+While a full-weights version is live the trainer keeps no copy of it (a whole model per version), so there the
+engine process exits instead and the supervisor restarts it with its sampler engines (recovery rebuilds the
+snapshots and reruns the unfinished requests). A failure in the middle of a sync or a replacement does the same.
 
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
 The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
-join_side_group). Not built yet: restarting one sampler engine alone (the engine process exits, and the supervisor
-restarts it with its samplers), and tensor-parallel sampler engines.
+join_side_group). Not built yet: tensor-parallel sampler engines.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
+from skyrl_tx.parallel.sampler_engine_process import JOIN_TIMEOUT_S, SYNC_BUCKET_BYTES, sampler_engine_main
 from skyrl_tx.parallel.weight_sync import weights_digest
 from skyrl_tx.types import SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.parallel")
 
-JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
 WAIT_S = 0.02  # sample_step waits this long for a remote result when nothing else is running
-SYNC_BUCKET_BYTES = 64 << 20
-HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
-GROUP_BROKEN_EXIT = 75  # the engine process's exit code when a sampler engine died (the supervisor restarts it)
+GROUP_BROKEN_EXIT = 75  # the engine process's exit code when it restarts with its sampler engines (the supervisor)
 
 
 class FailedSample(SampleResult):
@@ -51,69 +52,8 @@ class FailedSample(SampleResult):
         self.error = error
 
 
-def _sampler_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str, conn: Any) -> None:
-    """A sampler engine: loads the base model, joins the sync group, then serves commands until told to stop."""
-    try:  # dies with the engine process, even a kill -9 of it
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    from skyrl_tx.backend.native import NativeBackend
-    from skyrl_tx.parallel.group import RankAddress, join_side_group
-    from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
-
-    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
-    digests = backend.settings.weight_sync_digests
-    sync = make_weight_sync(join_side_group(RankAddress(address, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
-                            bucket_bytes=SYNC_BUCKET_BYTES)
-    running: dict[int, int] = {}  # local sample id → the trainer's id
-    watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
-    conn.send(("ready", os.getpid()))
-    last_sent = time.monotonic()
-    while True:
-        if conn.poll(0 if running else None):
-            message = conn.recv()
-            kind = message[0]
-            if kind == "stop":
-                return
-            if kind == "submit":
-                _, sample_id, request = message
-                try:
-                    running[backend.submit_sample(request)] = sample_id
-                except Exception as exc:  # noqa: BLE001 - the request's error, reported to the trainer
-                    conn.send(("failed", sample_id, exc))
-            elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
-                _, snapshot_id, lora = message
-                tensors = sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
-                digest = weights_digest(tensors) if digests else None
-                error = None
-                try:
-                    if lora is not None:
-                        backend.load_snapshot(snapshot_id, tensors, **lora)
-                    else:
-                        backend.load_frozen_model(snapshot_id, {k: v.clone() for k, v in tensors.items()})
-                except Exception as exc:  # noqa: BLE001 - reported to the trainer, which undoes the snapshot
-                    error = exc
-                conn.send(("synced", snapshot_id, error, digest))
-            elif kind == "remove":
-                if backend.has_snapshot(message[1]):
-                    backend.remove_snapshot(message[1])
-            elif kind == "watch":
-                watched.add(message[1])
-            continue  # every queued command before the next decode step
-        finished = backend.sample_step()
-        for local_id, result in finished:
-            sample_id = running.pop(local_id)
-            watched.discard(sample_id)
-            conn.send(("done", sample_id, result))
-        mine = {local: remote for local, remote in running.items() if remote in watched}
-        if mine:
-            progress = backend.sample_progress(list(mine))
-            conn.send(("progress", {mine[local]: tokens for local, tokens in progress.items()}))
-        if finished or mine:
-            last_sent = time.monotonic()
-        elif running and time.monotonic() - last_sent >= HEARTBEAT_S:  # decoding, nothing to report: alive
-            conn.send(("alive",))
-            last_sent = time.monotonic()
+class _EngineLost(Exception):
+    """A sampler engine stopped answering in the middle of a sync or a replacement."""
 
 
 class SamplerEnginesBackend:
@@ -121,39 +61,21 @@ class SamplerEnginesBackend:
     not defined here is the wrapped backend's own; only the engine thread calls it."""
 
     def __init__(self, backend: Any, model_dir: Path, settings: BackendSettings):
-        from skyrl_tx.parallel.group import RankAddress, join_side_group
-        from skyrl_tx.parallel.weight_sync import make_weight_sync
-        from skyrl_tx.ports import free_local_port
-
-        self._backend = backend
+        self._backend, self._model_dir, self._settings = backend, model_dir, settings
         count = settings.num_inference_engines
         self._timeout_s = settings.inference_engine_timeout_s
         self._digests = settings.weight_sync_digests
         self._heard = [time.monotonic()] * count  # when each engine last sent anything
-        address = f"127.0.0.1:{free_local_port()}"
-        context = multiprocessing.get_context("spawn")
-        self._conns, self._procs = [], []
-        for index in range(count):
-            parent, child = context.Pipe()
-            sampler_settings = {**dataclasses.asdict(settings), "colocate_all": True, "num_inference_engines": 1,
-                                "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
-                                "device": sampler_device(settings, index)}
-            proc = context.Process(target=_sampler_main, args=(str(model_dir), sampler_settings, index + 1, count + 1,
-                                                               address, child), daemon=True,
-                                   name=f"skyrl-tx-sampler-{index}")
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        group = join_side_group(RankAddress(address, 0, count + 1), timeout_s=JOIN_TIMEOUT_S)
-        self._sync = make_weight_sync(group, root=0, bucket_bytes=SYNC_BUCKET_BYTES)
-        for index, conn in enumerate(self._conns):
-            ready = self._receive(index, timeout_s=JOIN_TIMEOUT_S)
-            if ready[0] != "ready":
-                raise InternalError(f"sampler engine {index} did not start: {ready!r}")
+        self._conns: list[Any] = [None] * count
+        self._procs: list[Any] = [None] * count
+        self._sync: Any = None
         self._lora: dict[str, dict[str, Any] | None] = {}  # live model id → its LoRA shape (None: full weights)
         self._synced: set[str] = set()  # snapshot ids every sampler engine holds
+        self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # LoRA versions: factors, shape
         self._ids = itertools.count(-1, -1)  # the samplers' request ids: negative, apart from the trainer's own
         self._in_flight: dict[int, tuple[int, str]] = {}  # id → (sampler engine, weights id)
+        self._requests: dict[int, SampleRequest] = {}  # id → the request, to run again if its engine is lost
+        self._failed: dict[int, str] = {}  # engines lost since the last replacement → why
         self._local: set[int] = set()  # ids of requests running on the trainer (live model ids)
         self._served = [0] * count  # requests sent to each sampler engine
         self._versions = 0  # syncs so far
@@ -161,6 +83,10 @@ class SamplerEnginesBackend:
         self._turn = 0  # where the next tie-break among equally busy engines starts
         self._progress: dict[int, list[list[int]]] = {}
         self._finished: list[tuple[int, SampleResult]] = []
+        try:
+            self._regroup(list(range(count)))
+        except _EngineLost as exc:
+            raise InternalError(f"sampler engines did not start: {exc}") from exc
         log.info("sampling on %d sampler engine(s) (pids %s, devices %s), weights synced over c10d", count,
                  [p.pid for p in self._procs], [sampler_device(settings, i) for i in range(count)])
 
@@ -203,6 +129,7 @@ class SamplerEnginesBackend:
             raise ConflictError(f"snapshot {snapshot_id!r} still serves samples on a sampler engine")
         self._backend.remove_snapshot(snapshot_id)
         self._home.pop(snapshot_id, None)
+        self._kept.pop(snapshot_id, None)
         if snapshot_id in self._synced:
             self._synced.discard(snapshot_id)
             for index in range(len(self._conns)):
@@ -211,21 +138,12 @@ class SamplerEnginesBackend:
     def _sync_or_undo(self, snapshot_id: str, tensors: dict[str, Any], lora: dict[str, Any] | None) -> None:
         """Every sampler engine receives the snapshot and keeps it as a frozen version; if any cannot, the save
         fails with its reason and no engine (nor the trainer) keeps it."""
+        self._replace_failed()  # the sync group must be whole
+        sent = {k: v.contiguous() for k, v in tensors.items()}
         try:
-            for index in range(len(self._conns)):
-                self._send(index, ("sync", snapshot_id, lora))
-            sent = {k: v.contiguous() for k, v in tensors.items()}
-            self._sync.sync(self._versions, sent, "cpu")
-            self._versions += 1
-            answers = [self._receive(index, "synced") for index in range(len(self._conns))]
-            errors = [answer[2] for answer in answers]
-            digest = weights_digest(sent) if self._digests else None
-            if digest is not None and not any(errors):
-                log.info("weight sync %d digest: trainer %s, sampler engines %s", self._versions - 1, digest,
-                         [answer[3] for answer in answers])
-                errors = [None if answer[3] == digest else InternalError(
-                    f"weight sync of {snapshot_id!r}: sampler engine {index} holds other weights (digest "
-                    f"{answer[3]}, the trainer's {digest})") for index, answer in enumerate(answers)]
+            errors = self._broadcast(snapshot_id, sent, lora, resync=False)
+        except _EngineLost as exc:
+            self._restart_everything(f"a sampler engine was lost during the weight sync of {snapshot_id!r}: {exc}")
         except BaseException:
             self._backend.remove_snapshot(snapshot_id)
             raise
@@ -235,10 +153,34 @@ class SamplerEnginesBackend:
                 self._send(index, ("remove", snapshot_id))
             raise next(e for e in errors if e is not None)
         self._synced.add(snapshot_id)
+        if lora is not None:  # kept to catch up a replaced engine (a full model per version is not kept)
+            self._kept[snapshot_id] = ({k: v.detach().to("cpu", copy=True) for k, v in sent.items()}, lora)
         last = self._sync.last
         log.info("weight sync %d: %s (%d tensors, %.1f MB in %d buckets) to %d sampler engine(s) in %.3f s; requests "
                  "served per engine so far: %s", last.version, snapshot_id, last.tensors, last.bytes / 1e6,
                  last.buckets, len(self._conns), last.seconds, self._served)
+
+    def _broadcast(self, snapshot_id: str, sent: dict[str, Any], lora: dict[str, Any] | None,
+                   resync: bool) -> list[BaseException | None]:
+        """One sync to every engine; each engine's error (None: kept). Raises _EngineLost."""
+        for index in range(len(self._conns)):
+            if not self._send(index, ("sync", snapshot_id, lora, resync)):
+                raise _EngineLost(f"sampler engine {index}: {self._failed.get(index)}")
+        try:
+            self._sync.sync(self._versions, sent, "cpu")
+        except InternalError as exc:  # a collective failed: a member died or hung
+            raise _EngineLost(str(exc)) from exc
+        self._versions += 1
+        answers = [self._receive(index, "synced") for index in range(len(self._conns))]
+        errors = [answer[2] for answer in answers]
+        digest = weights_digest(sent) if self._digests else None
+        if digest is not None and not any(errors):
+            log.info("weight sync %d digest: trainer %s, sampler engines %s", self._versions - 1, digest,
+                     [answer[3] for answer in answers])
+            errors = [None if answer[3] == digest else InternalError(
+                f"weight sync of {snapshot_id!r}: sampler engine {index} holds other weights (digest "
+                f"{answer[3]}, the trainer's {digest})") for index, answer in enumerate(answers)]
+        return errors
 
     # ---- sampling -----------------------------------------------------------------------------------
     def submit_sample(self, request: SampleRequest) -> int:
@@ -246,19 +188,28 @@ class SamplerEnginesBackend:
             sample_id = self._backend.submit_sample(request)  # a live model id: only the trainer has its weights
             self._local.add(sample_id)
             return sample_id
+        self._replace_failed()
+        sample_id = next(self._ids)
+        self._requests[sample_id] = request
+        self._dispatch(sample_id)
+        return sample_id
+
+    def _dispatch(self, sample_id: int) -> None:
+        """Sends a request to an engine. If that engine turns out lost, the request stays in flight on it and runs
+        again when the engine is replaced (the next sample_step)."""
+        request = self._requests[sample_id]
         index = self._route(request.weights_id)
         if not any(i == index for i, _ in self._in_flight.values()):
             self._heard[index] = time.monotonic()  # an idle engine owed nothing until now
-        sample_id = next(self._ids)
-        self._send(index, ("submit", sample_id, request))
         self._in_flight[sample_id] = (index, request.weights_id)
         self._served[index] += 1
-        return sample_id
+        if self._send(index, ("submit", sample_id, request)) and sample_id in self._progress:
+            self._send(index, ("watch", sample_id))
 
     def _route(self, weights_id: str) -> int:
         """The engine that served these weights last if none is less busy (its prefix cache holds their prompts),
         else the least busy, taking turns among equals. A request's num_samples stay together on one engine."""
-        load = [0] * len(self._conns)
+        load = [float("inf") if i in self._failed else 0.0 for i in range(len(self._conns))]
         for index, _ in self._in_flight.values():
             load[index] += 1
         home = self._home.get(weights_id)
@@ -272,6 +223,7 @@ class SamplerEnginesBackend:
         return index
 
     def sample_step(self) -> list[tuple[int, SampleResult]]:
+        self._replace_failed()
         local_running = len(self._local)
         finished = self._backend.sample_step() if local_running else []
         for sample_id, _ in finished:
@@ -299,72 +251,149 @@ class SamplerEnginesBackend:
     def _drain(self, wait: float) -> None:
         """Takes every message the sampler engines have sent; waits up to `wait` for the first. An engine with
         requests in flight that has said nothing for inference_engine_timeout_s is hung."""
-        ready = multiprocessing.connection.wait(self._conns, timeout=wait)
-        for conn in ready:
-            while conn.poll():
-                self._handle(self._conns.index(conn), self._recv(conn))
+        live = [conn for i, conn in enumerate(self._conns) if i not in self._failed]
+        for conn in multiprocessing.connection.wait(live, timeout=wait):
+            index = self._conns.index(conn)
+            while index not in self._failed and conn.poll():
+                message = self._recv(index)
+                if message is not None:
+                    self._handle(index, message)
         now = time.monotonic()
-        for index in {i for i, _ in self._in_flight.values()}:
+        for index in {i for i, _ in self._in_flight.values()} - set(self._failed):
             if now - self._heard[index] > self._timeout_s:
-                self._engine_hung(index, f"silent for {now - self._heard[index]:.1f} s with requests in flight")
+                self._lose(index, f"hung: silent for {now - self._heard[index]:.1f} s with requests in flight "
+                                  "(inference_engine_timeout_s)")
 
     def _handle(self, index: int, message: tuple) -> None:
         kind = message[0]
-        if kind == "done":
-            self._in_flight.pop(message[1], None)
+        if kind in ("done", "failed"):
+            if self._in_flight.get(message[1], (None,))[0] != index:
+                return  # a request that already ran again elsewhere
+            self._in_flight.pop(message[1])
+            self._requests.pop(message[1], None)
             self._progress.pop(message[1], None)
-            self._finished.append((message[1], message[2]))
-        elif kind == "failed":
-            self._in_flight.pop(message[1], None)
-            self._progress.pop(message[1], None)
-            self._finished.append((message[1], FailedSample(message[2])))
-        elif kind == "alive":
-            pass
+            self._finished.append((message[1], message[2] if kind == "done" else FailedSample(message[2])))
         elif kind == "progress":
             for sample_id, tokens in message[1].items():
                 if sample_id in self._progress:
                     self._progress[sample_id] = tokens
-        else:
+        elif kind != "alive":
             raise InternalError(f"sampler engine {index}: unexpected message {kind!r}")
 
-    def _receive(self, index: int, kind: str | None = None, timeout_s: float | None = None) -> tuple:
-        """The next message of `kind` from engine `index`; results arriving first are kept. An engine silent for
-        `timeout_s` (default inference_engine_timeout_s) is hung."""
-        timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        while True:
-            if not self._conns[index].poll(timeout_s):
-                self._engine_hung(index, f"no answer within {timeout_s:g} s")
-            message = self._recv(self._conns[index])
-            if kind is None or message[0] == kind:
-                return message
-            self._handle(index, message)
-
-    def _recv(self, conn: Any) -> tuple:
-        index = self._conns.index(conn)
+    # ---- pipes and faults ---------------------------------------------------------------------------
+    def _send(self, index: int, message: tuple) -> bool:
+        """False when the engine is lost (now or before)."""
+        if index in self._failed:
+            return False
         try:
-            message = conn.recv()
+            self._conns[index].send(message)
+            return True
+        except OSError as exc:  # BrokenPipeError: it died since the last message
+            self._lose(index, f"gone ({type(exc).__name__}: {exc})")
+            return False
+
+    def _recv(self, index: int) -> tuple | None:
+        """The engine's next message; None when it is lost."""
+        try:
+            message = self._conns[index].recv()
         except (EOFError, OSError) as exc:
-            self._engine_gone(index, exc)
+            self._lose(index, f"gone ({type(exc).__name__}: {exc})")
+            return None
         self._heard[index] = time.monotonic()
         return message
 
-    def _engine_hung(self, index: int, why: str) -> NoReturn:
-        """A hung sampler engine is killed, then handled as a dead one."""
+    def _receive(self, index: int, kind: str, timeout_s: float | None = None) -> tuple:
+        """The next message of `kind` from engine `index`; results arriving first are kept. Raises _EngineLost when
+        it is lost or silent for `timeout_s` (default inference_engine_timeout_s)."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        while True:
+            if index in self._failed:
+                raise _EngineLost(f"sampler engine {index} {self._failed[index]}")
+            if not self._conns[index].poll(timeout_s):
+                self._lose(index, f"hung: no answer within {timeout_s:g} s")
+                continue
+            message = self._recv(index)
+            if message is not None and message[0] == kind:
+                return message
+            if message is not None:
+                self._handle(index, message)
+
+    def _lose(self, index: int, why: str) -> None:
+        """Marks an engine lost (killing it, if it still runs): its requests wait for its replacement."""
+        if index in self._failed:
+            return
+        self._failed[index] = why
         self._procs[index].kill()
-        self._engine_gone(index, TimeoutError(f"sampler engine hung ({why}; inference_engine_timeout_s)"))
+        log.warning("sampler engine %d (pid %s) is %s; it will be replaced", index, self._procs[index].pid, why)
 
-    def _send(self, index: int, message: tuple) -> None:
+    def _replace_failed(self) -> None:
+        """Replaces every lost engine: the others and the new ones join a fresh sync group, the new ones receive
+        every live LoRA version, and the lost engines' requests run again. With a full-weights version live (no
+        copy kept) or on any failure on the way, the engine process restarts with its sampler engines instead."""
+        if not self._failed:
+            return
+        lost, started = dict(self._failed), time.monotonic()
+        full_versions = self._synced - set(self._kept)
+        if full_versions:
+            self._restart_everything(f"sampler engine(s) {lost} lost while full-weights versions are live "
+                                     f"({len(full_versions)}), of which the trainer keeps no copy")
         try:
-            self._conns[index].send(message)
-        except OSError as exc:  # BrokenPipeError: it died since the last message
-            self._engine_gone(index, exc)
+            self._regroup(sorted(lost))
+            self._failed.clear()
+            for snapshot_id, (tensors, lora) in self._kept.items():
+                errors = self._broadcast(snapshot_id, tensors, lora, resync=True)
+                if any(errors):
+                    raise _EngineLost(f"re-sync of {snapshot_id!r}: {next(e for e in errors if e is not None)}")
+        except _EngineLost as exc:
+            self._restart_everything(f"replacing sampler engine(s) {lost} failed: {exc}")
+        again = [sample_id for sample_id, (index, _) in self._in_flight.items() if index in lost]
+        for sample_id in again:
+            self._dispatch(sample_id)
+        log.warning("replaced sampler engine(s) %s (now pids %s) in %.1f s: %d version(s) re-synced, %d request(s) "
+                    "running again", lost, [self._procs[i].pid for i in lost], time.monotonic() - started,
+                    len(self._kept), len(again))
 
-    def _engine_gone(self, index: int, exc: BaseException) -> NoReturn:
-        """A sampler engine died: its requests must not fail, and its kept versions are lost. The engine process
-        exits before storing anything more (as when a data-parallel rank dies); the supervisor restarts it with fresh
-        sampler engines, recovery rebuilds the sampler snapshots, and the unfinished requests run again."""
-        log.critical("sampler engine %d (pid %s) is gone (%s: %s); the engine restarts with its sampler engines",
-                     index, self._procs[index].pid, type(exc).__name__, exc)
+    def _regroup(self, indices: list[int]) -> None:
+        """Starts engines `indices` and makes a fresh sync group of the trainer, them and the other engines."""
+        from skyrl_tx.parallel.group import RankAddress, join_side_group
+        from skyrl_tx.parallel.weight_sync import make_weight_sync
+        from skyrl_tx.ports import free_local_port
+
+        count = len(self._conns)
+        address = f"127.0.0.1:{free_local_port()}"
+        others = [i for i in range(count) if i not in indices]
+        for index in others:
+            if not self._send(index, ("regroup", address)):
+                raise _EngineLost(f"sampler engine {index} {self._failed[index]}")
+        context = multiprocessing.get_context("spawn")
+        for index in indices:
+            parent, child = context.Pipe()
+            settings = {**dataclasses.asdict(self._settings), "colocate_all": True, "num_inference_engines": 1,
+                        "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
+                        "device": sampler_device(self._settings, index)}
+            proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings, index + 1,
+                                                                     count + 1, address, child),
+                                   daemon=True, name=f"skyrl-tx-sampler-{index}")
+            proc.start()
+            self._conns[index], self._procs[index] = parent, proc
+            self._failed.pop(index, None)
+        self._sync = None  # the old group (a member is gone) before the new one
+        try:
+            self._sync = make_weight_sync(join_side_group(RankAddress(address, 0, count + 1),
+                                                          timeout_s=JOIN_TIMEOUT_S), root=0,
+                                          bucket_bytes=SYNC_BUCKET_BYTES)
+        except InternalError as exc:
+            raise _EngineLost(str(exc)) from exc
+        for index in indices:
+            self._receive(index, "ready", timeout_s=JOIN_TIMEOUT_S)
+        for index in others:
+            self._receive(index, "regrouped", timeout_s=JOIN_TIMEOUT_S)
+
+    def _restart_everything(self, why: str) -> NoReturn:
+        """The engine process exits before storing anything more (as when a data-parallel rank dies); the
+        supervisor restarts it with fresh sampler engines, recovery rebuilds the sampler snapshots, and the
+        unfinished requests run again."""
+        log.critical("%s; the engine restarts with its sampler engines", why)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(GROUP_BROKEN_EXIT)

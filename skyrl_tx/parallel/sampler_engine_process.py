@@ -1,0 +1,104 @@
+"""sampler_engine_main: the body of one sampler engine process (parallel/sampler_engines.py starts them).
+
+It loads the base model, joins the trainer's sync group, then serves the trainer's commands from its pipe, between
+decode steps of its own continuous batch:
+  ("submit", id, SampleRequest)       → later ("done", id, SampleResult) or ("failed", id, error)
+  ("sync", snapshot_id, lora, resync) → joins the trainer's WeightSync broadcast, keeps the weights as a frozen
+                                        version (LoRA factors when `lora` gives their shape, else full weights), then
+                                        ("synced", snapshot_id, error, digest); a resync of a version it holds is
+                                        received and dropped (a replaced engine's siblings take part in its catch-up)
+  ("regroup", address)                → joins a new sync group (a sibling was replaced), then ("regrouped",)
+  ("remove", snapshot_id), ("watch", id) (report its tokens every step: streaming), ("stop",)
+While decoding with nothing to report it sends ("alive",) every HEARTBEAT_S, so the trainer can tell it from a hung
+one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from skyrl_tx.config import BackendSettings
+
+JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
+SYNC_BUCKET_BYTES = 64 << 20
+HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
+
+
+def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str,
+                        conn: Any) -> None:
+    """A sampler engine: loads the base model, joins the sync group, then serves commands until told to stop."""
+    try:  # dies with the engine process, even a kill -9 of it
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.parallel.group import RankAddress, join_side_group
+    from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
+
+    def join(at: str) -> Any:
+        return make_weight_sync(join_side_group(RankAddress(at, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
+                                bucket_bytes=SYNC_BUCKET_BYTES)
+
+    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
+    digests = backend.settings.weight_sync_digests
+    sync = join(address)
+    running: dict[int, int] = {}  # local sample id → the trainer's id
+    watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
+    conn.send(("ready", os.getpid()))
+    last_sent = time.monotonic()
+    while True:
+        if conn.poll(0 if running else None):
+            message = conn.recv()
+            kind = message[0]
+            if kind == "stop":
+                return
+            if kind == "submit":
+                _, sample_id, request = message
+                try:
+                    running[backend.submit_sample(request)] = sample_id
+                except Exception as exc:  # noqa: BLE001 - the request's error, reported to the trainer
+                    conn.send(("failed", sample_id, exc))
+            elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
+                _, snapshot_id, lora, resync = message
+                tensors = sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
+                digest = weights_digest(tensors) if digests else None
+                error = None
+                try:
+                    if resync and backend.has_snapshot(snapshot_id):
+                        pass  # a sibling's catch-up: this engine holds the version already
+                    elif lora is not None:
+                        backend.load_snapshot(snapshot_id, tensors, **lora)
+                    else:
+                        backend.load_frozen_model(snapshot_id, {k: v.clone() for k, v in tensors.items()})
+                except Exception as exc:  # noqa: BLE001 - reported to the trainer, which undoes the snapshot
+                    error = exc
+                conn.send(("synced", snapshot_id, error, digest))
+            elif kind == "regroup":
+                sync = None  # leave the old group (a member is gone) before joining the new one
+                sync = join(message[1])
+                conn.send(("regrouped",))
+            elif kind == "remove":
+                if backend.has_snapshot(message[1]):
+                    backend.remove_snapshot(message[1])
+            elif kind == "watch":
+                watched.add(message[1])
+            continue  # every queued command before the next decode step
+        finished = backend.sample_step()
+        for local_id, result in finished:
+            sample_id = running.pop(local_id)
+            watched.discard(sample_id)
+            conn.send(("done", sample_id, result))
+        mine = {local: remote for local, remote in running.items() if remote in watched}
+        if mine:
+            progress = backend.sample_progress(list(mine))
+            conn.send(("progress", {mine[local]: tokens for local, tokens in progress.items()}))
+        if finished or mine:
+            last_sent = time.monotonic()
+        elif running and time.monotonic() - last_sent >= HEARTBEAT_S:  # decoding, nothing to report: alive
+            conn.send(("alive",))
+            last_sent = time.monotonic()
