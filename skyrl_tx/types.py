@@ -107,6 +107,8 @@ class SampleRequest:
     target_prompt_token_ids: list[list[int]] | None = None  # [len(prompt) - 1][K]: ids scored at i + 1; -1 none
     prompt_alt_tokens_k: int = 0  # k draws at the request's temperature at every prompt position after the first
     topk_sample_logprobs: int = 0  # the k most likely tokens at every generated position
+    # Streamed: the engine loop asks sample_progress for it (a sampler engine reports it every step from the first).
+    stream: bool = False
 
 
 @dataclass

@@ -109,6 +109,9 @@ class Backend {
                      const std::map<std::string, at::Tensor>& weights);
   /// A frozen full model for sampling (a full fine-tuning snapshot or a full sampler checkpoint).
   void load_frozen_model(const std::string& snapshot_id, models::WeightMap weights);
+  /// A frozen full model's weights (HF names, CPU copies in the model's dtype): what load_frozen_model takes, for
+  /// catching a replaced sampler engine up. Throws NotFound.
+  std::map<std::string, at::Tensor> frozen_model_weights(const std::string& snapshot_id) const;
 
   // ---- sampling (backend_sampling.cpp) ----
   /// Tokenizer facts for generation: EOS ids (stop by default) and every token's bytes (stop strings).

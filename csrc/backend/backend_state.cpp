@@ -163,4 +163,12 @@ void Backend::load_frozen_model(const std::string& snapshot_id, models::WeightMa
   frozen_models_[snapshot_id] = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
 }
 
+std::map<std::string, at::Tensor> Backend::frozen_model_weights(const std::string& snapshot_id) const {
+  auto it = frozen_models_.find(snapshot_id);
+  SKYRL_TX_CHECK(it != frozen_models_.end(), NotFound, "frozen model '", snapshot_id, "' is not loaded");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, tensor] : it->second->named_parameters()) out[name] = tensor.detach().to(at::kCPU);
+  return out;
+}
+
 }  // namespace skyrl_tx::backend

@@ -53,6 +53,7 @@ void bind_backend(py::module_& m) {
       .def("load_snapshot", &Backend::load_snapshot, py::arg("snapshot_id"), py::arg("lora_config"),
            py::arg("weights"), Release())
       .def("load_frozen_model", &Backend::load_frozen_model, py::arg("snapshot_id"), py::arg("weights"), Release())
+      .def("frozen_model_weights", &Backend::frozen_model_weights, py::arg("snapshot_id"), Release())
       .def("sample_step", &Backend::sample_step, Release())
       .def("sample_progress", &Backend::sample_progress, py::arg("sample_ids"), Release())
       .def("sampling_idle", &Backend::sampling_idle)

@@ -219,6 +219,10 @@ class NativeBackend:
         """A sampleable frozen full model from HF-named weights."""
         self._core.load_frozen_model(snapshot_id, dict(weights))
 
+    def frozen_model_weights(self, snapshot_id: str) -> dict[str, torch.Tensor]:
+        """A frozen full model's HF-named weights (CPU copies in the model's dtype); NotFoundError if not loaded."""
+        return dict(self._core.frozen_model_weights(snapshot_id))
+
     def has_snapshot(self, snapshot_id: str) -> bool:
         return self._core.has_snapshot(snapshot_id)
 

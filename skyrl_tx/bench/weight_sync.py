@@ -138,7 +138,8 @@ def run_weight_sync(argv: list[str]) -> dict:
         print(f"{payload}: {len(shapes)} tensors ...", file=sys.stderr, flush=True)
         got = _run({"device": args.device, "world": 1 + args.receivers, "shapes": shapes, "dtype": dtype,
                     "bucket_mb": args.bucket_mb, "warmup": args.warmup, "reps": args.reps})
-        report["payloads"].append({"payload": payload, "dtype": dtype, **{k: v for k, v in got.items() if k != "digest"},
+        figures = {k: v for k, v in got.items() if k != "digest"}
+        report["payloads"].append({"payload": payload, "dtype": dtype, **figures,
                                    "gb_per_s": got["bytes"] / got["seconds"] / 1e9,
                                    "ratio_to_flat_broadcast": got["seconds"] / got["flat_fresh_seconds"]})
     lines = [f"weight sync, {cfg.name} shapes on {args.device}, {args.receivers} receiver(s), "

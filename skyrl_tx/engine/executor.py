@@ -124,7 +124,8 @@ def sample_request(request: dict[str, Any]) -> SampleRequest:
                          prompt_logprobs_last_n=int(request.get("prompt_logprobs_last_n") or 0),
                          target_prompt_token_ids=None if targets is None else targets["ids"],
                          prompt_alt_tokens_k=int(request.get("prompt_alt_tokens_k", 0)),
-                         topk_sample_logprobs=int(request.get("topk_sample_logprobs", 0)))
+                         topk_sample_logprobs=int(request.get("topk_sample_logprobs", 0)),
+                         stream=bool(request.get("stream", False)))
 
 
 def sample_result(result: SampleResult, request: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -4,7 +4,8 @@ local worker ranks it starts (one process per device), which run the same calls 
 Rank 0 (the engine process) is the only rank that talks to the database; the workers only mirror calls. The
 C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed;
 optim/zero_adamw.h: a full fine-tune's gradients and moments sharded), so every rank holds the same weights after
-every call; what only reads weights (trainable_state, snapshots, sampling) runs on rank 0 alone. A call is sent to the workers over a Gloo control group, then run:
+every call; what only reads weights (trainable_state, snapshots, sampling) runs on rank 0 alone. A call is sent
+to the workers over a Gloo control group, then run:
 - collective calls (forward_backward, forward, optim_step, and reading a full model's sharded optimizer state or
   gradients) run on all ranks at once (their errors are decided before any collective, the same on every rank);
 - other state changes (create/remove models, set weights or optimizer state) run on rank 0 first and are mirrored

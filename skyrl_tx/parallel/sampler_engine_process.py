@@ -61,6 +61,8 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
                 _, sample_id, request = message
                 try:
                     running[backend.submit_sample(request)] = sample_id
+                    if request.stream:  # reported from its first step, before the trainer could ask
+                        watched.add(sample_id)
                 except Exception as exc:  # noqa: BLE001 - the request's error, reported to the trainer
                     conn.send(("failed", sample_id, exc))
             elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once

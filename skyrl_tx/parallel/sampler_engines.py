@@ -10,10 +10,10 @@ sampler engine with the fewest requests in flight (a request's num_samples toget
 live model id) runs on the trainer, as colocated. The engine processes' side: parallel/sampler_engine_process.py.
 
 A sampler engine that dies or hangs is replaced: the others join a new sync group with a fresh one, which receives
-every live LoRA version again (the trainer keeps their factors), and the requests it had run again on the engines.
-While a full-weights version is live the trainer keeps no copy of it (a whole model per version), so there the
-engine process exits instead and the supervisor restarts it with its sampler engines (recovery rebuilds the
-snapshots and reruns the unfinished requests). A failure in the middle of a sync or a replacement does the same.
+every live version again (LoRA factors the trainer keeps; full weights read back from the trainer's own frozen copy
+of the snapshot), and the requests it had run again on the engines. A failure in the middle of a sync or a
+replacement makes the engine process exit instead: the supervisor restarts it with its sampler engines, and recovery
+rebuilds the snapshots and reruns the unfinished requests.
 
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
 The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
@@ -153,7 +153,7 @@ class SamplerEnginesBackend:
                 self._send(index, ("remove", snapshot_id))
             raise next(e for e in errors if e is not None)
         self._synced.add(snapshot_id)
-        if lora is not None:  # kept to catch up a replaced engine (a full model per version is not kept)
+        if lora is not None:  # kept to catch up a replaced engine (full weights are read back from the trainer's copy)
             self._kept[snapshot_id] = ({k: v.detach().to("cpu", copy=True) for k, v in sent.items()}, lora)
         last = self._sync.last
         log.info("weight sync %d: %s (%d tensors, %.1f MB in %d buckets) to %d sampler engine(s) in %.3f s; requests "
@@ -191,6 +191,8 @@ class SamplerEnginesBackend:
         self._replace_failed()
         sample_id = next(self._ids)
         self._requests[sample_id] = request
+        if request.stream:
+            self._progress[sample_id] = []  # its engine reports it every step from the first
         self._dispatch(sample_id)
         return sample_id
 
@@ -203,7 +205,7 @@ class SamplerEnginesBackend:
             self._heard[index] = time.monotonic()  # an idle engine owed nothing until now
         self._in_flight[sample_id] = (index, request.weights_id)
         self._served[index] += 1
-        if self._send(index, ("submit", sample_id, request)) and sample_id in self._progress:
+        if self._send(index, ("submit", sample_id, request)) and sample_id in self._progress and not request.stream:
             self._send(index, ("watch", sample_id))
 
     def _route(self, weights_id: str) -> int:
@@ -328,19 +330,17 @@ class SamplerEnginesBackend:
 
     def _replace_failed(self) -> None:
         """Replaces every lost engine: the others and the new ones join a fresh sync group, the new ones receive
-        every live LoRA version, and the lost engines' requests run again. With a full-weights version live (no
-        copy kept) or on any failure on the way, the engine process restarts with its sampler engines instead."""
+        every live version again (LoRA factors kept here; full weights read back from the trainer's frozen copy),
+        and the lost engines' requests run again. On any failure on the way, the engine process restarts with its
+        sampler engines instead."""
         if not self._failed:
             return
         lost, started = dict(self._failed), time.monotonic()
-        full_versions = self._synced - set(self._kept)
-        if full_versions:
-            self._restart_everything(f"sampler engine(s) {lost} lost while full-weights versions are live "
-                                     f"({len(full_versions)}), of which the trainer keeps no copy")
         try:
             self._regroup(sorted(lost))
             self._failed.clear()
-            for snapshot_id, (tensors, lora) in self._kept.items():
+            for snapshot_id in sorted(self._synced):
+                tensors, lora = self._kept.get(snapshot_id) or (self._backend.frozen_model_weights(snapshot_id), None)
                 errors = self._broadcast(snapshot_id, tensors, lora, resync=True)
                 if any(errors):
                     raise _EngineLost(f"re-sync of {snapshot_id!r}: {next(e for e in errors if e is not None)}")
@@ -351,7 +351,7 @@ class SamplerEnginesBackend:
             self._dispatch(sample_id)
         log.warning("replaced sampler engine(s) %s (now pids %s) in %.1f s: %d version(s) re-synced, %d request(s) "
                     "running again", lost, [self._procs[i].pid for i in lost], time.monotonic() - started,
-                    len(self._kept), len(again))
+                    len(self._synced), len(again))
 
     def _regroup(self, indices: list[int]) -> None:
         """Starts engines `indices` and makes a fresh sync group of the trainer, them and the other engines."""

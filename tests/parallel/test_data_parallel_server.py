@@ -50,7 +50,8 @@ def _train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill:
                     assert workers, "the data-parallel engine has no worker rank"
                     os.kill(engine if kill == "engine" else workers[0], signal.SIGKILL)
                     deadline = time.monotonic() + 30
-                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and process_state(w) != "Z" for w in workers):
+                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and process_state(w) != "Z"
+                                                   for w in workers):
                         assert time.monotonic() < deadline, "the worker rank outlived its engine"
                         time.sleep(0.2)
             out["losses"][name] = losses
