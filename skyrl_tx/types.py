@@ -127,3 +127,12 @@ class SampleResult:
     target_prompt_logprobs: list[list[float]] | None = None  # [len(prompt) - 1][K]; 0.0 where the id was -1
     prompt_alt_tokens: tuple[list[list[int]], list[list[float]]] | None = None  # ids, logprobs: [len(prompt) - 1][k]
     prompt_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache instead of prefilled
+
+
+class FailedSample(SampleResult):
+    """A sample request another sampler (external vLLM, a sampler engine process) failed: no sequences; the engine
+    loop stores `error` on its future."""
+
+    def __init__(self, error: BaseException):
+        super().__init__([])
+        self.error = error

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from skyrl_tx.engine.executor import LORA_ALPHA
 from skyrl_tx.errors import ConflictError, InvalidArgumentError, SkyrlTxError
-from skyrl_tx.types import SampledSequence, SampleRequest, SampleResult
+from skyrl_tx.types import FailedSample, SampledSequence, SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.engine")
 
@@ -42,13 +42,6 @@ class ExternalInferenceError(SkyrlTxError):
 def _base_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
-
-class FailedSample(SampleResult):
-    """A sample request the external server failed: no sequences; the engine loop stores `error` on its future."""
-
-    def __init__(self, error: BaseException):
-        super().__init__([])
-        self.error = error
 
 
 class ExternalSampler:

@@ -434,7 +434,7 @@ class EngineLoop:
         for backend_id, result in self.backend.sample_step():
             self._streams.pop(backend_id, None)
             f = self._sampling.pop(backend_id, None)
-            if f is not None and getattr(result, "error", None) is not None:  # external sampler's failed request
+            if f is not None and getattr(result, "error", None) is not None:  # types.FailedSample
                 done.append((f, None, _error(result.error)))
             elif f is not None:
                 done.append((f, executor.sample_result(result, f.request), None))

@@ -36,20 +36,13 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
 from skyrl_tx.parallel.sampler_engine_process import JOIN_TIMEOUT_S, SYNC_BUCKET_BYTES, sampler_engine_main
 from skyrl_tx.parallel.weight_sync import weights_digest
-from skyrl_tx.types import SampleRequest, SampleResult
+from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.parallel")
 
 WAIT_S = 0.02  # sample_step waits this long for a remote result when nothing else is running
 GROUP_BROKEN_EXIT = 75  # the engine process's exit code when it restarts with its sampler engines (the supervisor)
 
-
-class FailedSample(SampleResult):
-    """A sample request a sampler engine refused or failed: no sequences; the engine loop stores `error`."""
-
-    def __init__(self, error: BaseException):
-        super().__init__([])
-        self.error = error
 
 
 class _EngineLost(Exception):
