@@ -111,7 +111,10 @@ def boxed_answer_policy(run_recipe, workdir: Path) -> str:
     run = run_recipe("tinker_cookbook.recipes.chat_sl.train", f"model_name={DEFAULT_MODELS[0]}",
                      "renderer_name=role_colon", f"dataset={data}", "batch_size=16", "max_length=512",
                      "train_on_what=last_assistant_message",
-                     "lora_rank=8", "learning_rate=1e-2", "num_epochs=20", "save_every=0", "eval_every=0")
+                     # The LoRA's init seed is random (the recipe sets none): at 1e-2 (linear decay) some seeds
+                     # spiked and stalled at NLL 0.7-1.4; a constant 3e-3 ended at 0.08 for 4 of 4 seeds.
+                     "lora_rank=8", "learning_rate=3e-3", "lr_schedule=constant", "num_epochs=20",
+                     "save_every=0", "eval_every=0")
     nll = run.series("train_mean_nll")
     # From ≈ ln(vocab) to the boxed format (7 target tokens; the digit's coin flip alone is ln 2 / 7 ≈ 0.1).
     assert nll[-1] < 0.5, nll
