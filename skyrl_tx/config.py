@@ -66,6 +66,10 @@ class BackendSettings:
     # replicated.
     fully_sharded_data_parallel_size: int = 1
     zero_bucket_mb: int = 256
+    # Tensor parallelism (the seed README's key): every model's attention heads, MLP columns and vocabulary split
+    # over this many ranks (dense Qwen3 / Llama 3, LoRA; csrc/dist/tensor_parallel.h), each holding its shard of the
+    # weights and KV cache. With fully_sharded_data_parallel_size D there are D x T ranks: D replicas of T ranks.
+    tensor_parallel_size: int = 1
     # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
     num_processes: int = 1
@@ -141,7 +145,7 @@ class BackendSettings:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
                     "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb", "max_logprobs_k",
-                    "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb"):
+                    "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb", "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
         if self.num_inference_engines < 1:

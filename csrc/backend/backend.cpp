@@ -45,7 +45,8 @@ void BackendConfig::validate() const {
   parse_device(device);
 }
 
-Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights)
+Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights,
+                 std::shared_ptr<dist::Collectives> tensor_parallel)
     : config_(config), registry_(config.max_lora_adapters) {
   config_.validate();
   models::ModelOptions options;
@@ -54,6 +55,7 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
   options.max_rank = config.max_lora_rank;
   options.dtype = parse_dtype(config.dtype);
   options.device = parse_device(config.device);
+  options.tensor_parallel = dist::TensorParallel(std::move(tensor_parallel));
   model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
 }
 
@@ -64,7 +66,12 @@ int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraC
   // One generator per adapter, consumed in module order: the same seed gives the same adapter.
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(lora_config.seed);
   for (const auto& m : model_->lora_modules()) {
-    if (targets_group(lora_config, m.group)) {
+    if (!targets_group(lora_config, m.group)) continue;
+    if (m.split == dist::TpSplit::kRow) {  // A holds this rank's input columns: drawn whole, then cut
+      const int64_t in = m.module->in_features();
+      m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator, in * tensor_parallel().size(),
+                            in * tensor_parallel().rank());
+    } else {
       m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator);
     }
   }
@@ -93,11 +100,14 @@ void Backend::set_adapter_weights(const std::string& adapter_id, const std::map<
     auto a = weights.find(a_name), b = weights.find(b_name);
     SKYRL_TX_CHECK(a != weights.end() && b != weights.end(), InvalidArgument, "set_adapter_weights: adapter '",
                    adapter_id, "' targets ", m.name, " but ", a_name, " / ", b_name, " are missing");
-    const at::Tensor current_a = m.module->lora_a(slot), current_b = m.module->lora_b(slot);
-    SKYRL_TX_CHECK(a->second.sizes() == current_a.sizes() && b->second.sizes() == current_b.sizes(), InvalidArgument,
-                   "set_adapter_weights: ", m.name, " expects lora_A ", current_a.sizes(), " and lora_B ",
-                   current_b.sizes(), ", got ", a->second.sizes(), " and ", b->second.sizes());
-    updates.push_back({m.module, {a->second, b->second}});
+    // Whole factors, as one process holds them; under tensor parallelism this rank keeps its part.
+    const optim::TrainableTensor factor_a = lora_factor(m, slot, false), factor_b = lora_factor(m, slot, true);
+    const std::vector<int64_t> shape_a = whole_shape(factor_a), shape_b = whole_shape(factor_b);
+    SKYRL_TX_CHECK(a->second.sizes() == at::IntArrayRef(shape_a) && b->second.sizes() == at::IntArrayRef(shape_b),
+                   InvalidArgument, "set_adapter_weights: ", m.name, " expects lora_A ", at::IntArrayRef(shape_a),
+                   " and lora_B ", at::IntArrayRef(shape_b), ", got ", a->second.sizes(), " and ",
+                   b->second.sizes());
+    updates.push_back({m.module, {part(factor_a, a->second), part(factor_b, b->second)}});
     unused.erase(a_name);
     unused.erase(b_name);
   }
@@ -111,8 +121,10 @@ std::map<std::string, at::Tensor> Backend::get_adapter_weights(const std::string
   std::map<std::string, at::Tensor> out;
   for (const auto& m : model_->lora_modules()) {
     if (!m.module->slot_enabled(slot)) continue;
-    out[m.name + ".lora_A.weight"] = m.module->lora_a(slot).detach().to(at::kCPU, at::kFloat, false, true);
-    out[m.name + ".lora_B.weight"] = m.module->lora_b(slot).detach().to(at::kCPU, at::kFloat, false, true);
+    for (const bool b : {false, true}) {
+      const optim::TrainableTensor factor = lora_factor(m, slot, b);
+      out[factor.name] = whole(factor, factor.param).detach().to(at::kCPU, at::kFloat, false, true);
+    }
   }
   return out;
 }
@@ -137,7 +149,7 @@ std::vector<at::Tensor> Backend::token_logprobs(const std::vector<at::Tensor>& i
   batching::PackedBatch batch =
       batching::pack_sequences(input_tokens, target_tokens, slots, model_config().vocab_size, options.device);
   at::Tensor hidden = model_->hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments);
-  at::Tensor logprobs = loss::token_logprobs(model_->lm_head(), hidden, batch.target_ids.reshape({-1}),
+  at::Tensor logprobs = loss::token_logprobs(model_->output_head(), hidden, batch.target_ids.reshape({-1}),
                                              batch.segments, config_.logprobs_chunk_tokens);  // [B * T]
   std::vector<at::Tensor> out;
   for (at::Tensor& t : batching::unpack_tokens(logprobs.to(at::kCPU), batch)) out.push_back(t.clone());

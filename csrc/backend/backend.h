@@ -37,7 +37,12 @@ struct OptimizerState {
 class Backend {
  public:
   /// weights: HF-named tensors of every shard. Throws InvalidArgument / Unimplemented for bad configs.
-  Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights);
+  /// tensor_parallel: this rank's tensor-parallel group (null: none). Its ranks hold their shard of every split
+  /// weight (models/causal_lm.h) and make every call together with the same arguments; LoRA factors, gradients
+  /// and optimizer moments cross this interface whole (gathered on the way out, sharded on the way in), so
+  /// checkpoints load into any layout.
+  Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights,
+          std::shared_ptr<dist::Collectives> tensor_parallel = nullptr);
 
   /// Allocates a slot and initialises the adapter (A random from config.seed, B = 0). Returns the slot.
   /// Throws InvalidArgument (bad rank/alpha), Conflict (id exists), ResourceExhausted (no free slot).
@@ -141,7 +146,17 @@ class Backend {
 
  private:
   std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
+  const dist::TensorParallel& tensor_parallel() const { return model_->tensor_parallel(); }
+  /// Under tensor parallelism each carries the dimension this rank holds a shard of (optim::TrainableTensor).
   std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
+  /// `local` (this rank's part of `t`, or of a tensor shaped like it: a gradient, a moment) as one process has it.
+  at::Tensor whole(const optim::TrainableTensor& t, const at::Tensor& local) const;
+  /// This rank's part of `full`, a tensor shaped like `t` in one process.
+  at::Tensor part(const optim::TrainableTensor& t, const at::Tensor& full) const;
+  /// The shape `t` has in one process.
+  std::vector<int64_t> whole_shape(const optim::TrainableTensor& t) const;
+  /// A LoRA factor of `slot` in module `m` (B when `b`), named and with its split (backend_tensor_parallel.cpp).
+  optim::TrainableTensor lora_factor(const models::NamedLoraModule& m, int64_t slot, bool b) const;
   /// What optim_step updates: trainable_tensors less buffers (DeepSeek's router score bias).
   std::vector<optim::TrainableTensor> stepped_tensors(const std::string& model_id) const;
   bool data_parallel() const { return collectives_ && collectives_->world_size() > 1; }

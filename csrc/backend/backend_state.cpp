@@ -51,9 +51,12 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
   auto it = optimizers_.find(model_id);
   if (it == optimizers_.end()) return out;
   out.step = it->second.num_steps();
-  for (const auto& [name, moments] : it->second.moments()) {
-    out.exp_avg[name] = host_float(moments.first);
-    out.exp_avg_sq[name] = host_float(moments.second);
+  // Whole moments (gathered under tensor parallelism), in the tensors' order: the same collectives on every rank.
+  for (const optim::TrainableTensor& t : trainable_tensors(model_id)) {
+    auto moments = it->second.moments().find(t.name);
+    if (moments == it->second.moments().end()) continue;
+    out.exp_avg[t.name] = host_float(whole(t, moments->second.first));
+    out.exp_avg_sq[t.name] = host_float(whole(t, moments->second.second));
   }
   return out;
 }
@@ -87,9 +90,9 @@ void Backend::set_optimizer_state(const std::string& model_id, const OptimizerSt
   for (const auto& t : tensors) {
     // A model saved before its first optim_step has no moments: AdamW creates them lazily.
     if (state.exp_avg.empty() && state.exp_avg_sq.empty()) continue;
-    const at::Tensor& m = expect_tensor(state.exp_avg, t.name, t.param.sizes(), "load optimizer state (exp_avg)");
-    const at::Tensor& v = expect_tensor(state.exp_avg_sq, t.name, t.param.sizes(), "load optimizer state (exp_avg_sq)");
-    moments[t.name] = {m.to(device(t), false, true), v.to(device(t), false, true)};
+    const at::Tensor& m = expect_tensor(state.exp_avg, t.name, whole_shape(t), "load optimizer state (exp_avg)");
+    const at::Tensor& v = expect_tensor(state.exp_avg_sq, t.name, whole_shape(t), "load optimizer state (exp_avg_sq)");
+    moments[t.name] = {part(t, m).to(device(t), false, true), part(t, v).to(device(t), false, true)};
   }
   reject_unknown(state.exp_avg, known, "load optimizer state (exp_avg)");
   reject_unknown(state.exp_avg_sq, known, "load optimizer state (exp_avg_sq)");
@@ -144,10 +147,13 @@ void Backend::load_snapshot(const std::string& snapshot_id, const lora::LoraConf
     const std::string a_name = m.name + ".lora_A.weight", b_name = m.name + ".lora_B.weight";
     known.insert(a_name);
     known.insert(b_name);
-    const int64_t rank = lora_config.rank;
-    const at::Tensor& a = expect_tensor(weights, a_name, {rank, m.module->in_features()}, "load sampler weights");
-    const at::Tensor& b = expect_tensor(weights, b_name, {m.module->out_features(), rank}, "load sampler weights");
-    snapshot.factors[m.name] = {host_float(a).clone(), host_float(b).clone()};
+    // The factors' whole shapes at the snapshot's rank; this rank keeps its part (tensor parallelism).
+    optim::TrainableTensor factor_a = lora_factor(m, 0, false), factor_b = lora_factor(m, 0, true);
+    factor_a.param = at::empty({lora_config.rank, m.module->in_features()}, at::kFloat);
+    factor_b.param = at::empty({m.module->out_features(), lora_config.rank}, at::kFloat);
+    const at::Tensor& a = expect_tensor(weights, a_name, whole_shape(factor_a), "load sampler weights");
+    const at::Tensor& b = expect_tensor(weights, b_name, whole_shape(factor_b), "load sampler weights");
+    snapshot.factors[m.name] = {host_float(part(factor_a, a)).clone(), host_float(part(factor_b, b)).clone()};
   }
   reject_unknown(weights, known, "load sampler weights");
   snapshots_[snapshot_id] = std::move(snapshot);
@@ -166,6 +172,8 @@ void Backend::load_frozen_model(const std::string& snapshot_id, models::WeightMa
 std::map<std::string, at::Tensor> Backend::frozen_model_weights(const std::string& snapshot_id) const {
   auto it = frozen_models_.find(snapshot_id);
   SKYRL_TX_CHECK(it != frozen_models_.end(), NotFound, "frozen model '", snapshot_id, "' is not loaded");
+  SKYRL_TX_CHECK(!tensor_parallel().enabled(), Unimplemented, "frozen_model_weights: a tensor-parallel rank holds "
+                 "parts of a frozen model; read its checkpoint instead");
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, tensor] : it->second->named_parameters()) out[name] = tensor.detach().to(at::kCPU);
   return out;

@@ -24,6 +24,9 @@ void Backend::create_full_model(const std::string& model_id) {
   SKYRL_TX_CHECK(static_cast<int64_t>(full_models_.size()) < config_.max_full_models, ResourceExhausted,
                  "create_model: ", full_models_.size(), " full fine-tuning model(s) already loaded (max_full_models=",
                  config_.max_full_models, "); unload one, use LoRA (lora_rank > 0), or raise max_full_models");
+  SKYRL_TX_CHECK(!tensor_parallel().enabled(), InvalidArgument, "create_model: full fine-tuning (lora_rank 0) is not "
+                 "split over tensor-parallel ranks yet; use LoRA, or tensor_parallel_size 1 with "
+                 "fully_sharded_data_parallel_size (ZeRO) for several devices");
   models::WeightMap weights;
   {
     c10::NoGradGuard no_grad;
@@ -87,15 +90,15 @@ std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string
   SKYRL_TX_CHECK(slot != 0, InvalidArgument, "training: name a model, not the base model");
   for (const auto& m : model_->lora_modules()) {
     if (!m.module->slot_enabled(slot)) continue;
-    out.push_back({m.name + ".lora_A.weight", m.module->lora_a(slot), m.module->lora_a_grad(slot)});
-    out.push_back({m.name + ".lora_B.weight", m.module->lora_b(slot), m.module->lora_b_grad(slot)});
+    out.push_back(lora_factor(m, slot, false));
+    out.push_back(lora_factor(m, slot, true));
   }
   return out;
 }
 
 std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& model_id) const {
   std::map<std::string, at::Tensor> out;
-  for (const auto& t : trainable_tensors(model_id)) out[t.name] = t.param.detach().to(at::kCPU, at::kFloat, false, true);
+  for (const auto& t : trainable_tensors(model_id)) out[t.name] = whole(t, t.param).to(at::kCPU, at::kFloat, false, true);
   return out;
 }
 
@@ -118,8 +121,8 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
   }
   std::map<std::string, at::Tensor> out;
   for (const auto& t : trainable_tensors(model_id)) {
-    out[t.name] = t.grad.defined() ? t.grad.detach().to(at::kCPU, at::kFloat, false, true)
-                                   : at::zeros(t.param.sizes(), at::kFloat);
+    out[t.name] = t.grad.defined() ? whole(t, t.grad).to(at::kCPU, at::kFloat, false, true)
+                                   : at::zeros(whole_shape(t), at::kFloat);
   }
   return out;
 }
@@ -134,7 +137,7 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
     free_grads(model_id);
     return metrics;
   }
-  std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params);
+  std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params, tensor_parallel());
   free_grads(model_id);
   return metrics;
 }
@@ -166,6 +169,9 @@ void Backend::set_optimizer_kind(const std::string& model_id, const std::string&
   trainable_tensors(model_id);  // NotFound for unknown models
   SKYRL_TX_CHECK(kind == "adamw" || kind == "dimuon", InvalidArgument, "create_model: optimizer '", kind,
                  "' is not supported; use adamw or dimuon");
+  SKYRL_TX_CHECK(kind != "dimuon" || !tensor_parallel().enabled(), InvalidArgument,
+                 "create_model: the dimuon optimizer orthogonalises whole factor updates, which tensor-parallel "
+                 "ranks hold in parts; use adamw, or tensor_parallel_size 1");
   SKYRL_TX_CHECK(kind != "dimuon" || !full_models_.count(model_id), InvalidArgument,
                  "create_model: the dimuon optimizer orthogonalises LoRA factor updates; full fine-tuning "
                  "(lora rank 0) uses adamw");
@@ -272,6 +278,8 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     }
   }
   for (size_t r = 0; r < requests.size(); ++r) results[r].metrics["loss:sum"] = loss_sums[r];
+  // Tensor parallel: the replicated LoRA factors' gradients are partial sums (each rank's shard's share).
+  if (grads && tensor_parallel().enabled()) grads->sum_partial_over(tensor_parallel());
   if (parallel) {  // every rank, rows or not: the collectives need them all
     share_row_outputs(rows, mine, results, *collectives_, model_->options().device);
     if (grads) grads->all_reduce(*collectives_);

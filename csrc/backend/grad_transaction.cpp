@@ -25,7 +25,7 @@ GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<in
                                  const std::vector<FullModelGrads>& full_models) {
   for (int64_t slot : lora_slots) {
     for (const models::NamedLoraModule& m : base.lora_modules()) {
-      lora_.push_back({m.module, slot, {}});
+      lora_.push_back({m.module, m.split, slot, {}});
     }
   }
   std::unordered_set<const c10::TensorImpl*> seen;  // a tied tensor is set aside once
@@ -63,6 +63,17 @@ void GradTransaction::all_reduce(dist::Collectives& group) {
   for (ParamGrad& p : params_) {  // the full-size gradients are no longer needed: only the range is kept
     if (p.sharded) p.param.mutable_grad() = at::Tensor();
   }
+}
+
+void GradTransaction::sum_partial_over(const dist::TensorParallel& tp) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> partial;  // lora_'s order: the same on every rank
+  for (LoraGrads& g : lora_) {
+    if (!g.module->slot_enabled(g.slot)) continue;
+    if (g.split == dist::TpSplit::kColumn) partial.push_back(g.module->slot_grad_a(g.slot));
+    if (g.split == dist::TpSplit::kRow) partial.push_back(g.module->slot_grad_b(g.slot));
+  }
+  tp.group().all_reduce_sum_flat(partial);
 }
 
 void GradTransaction::commit() {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dist/collectives.h"
+#include "dist/tensor_parallel.h"
 #include "lora/lora_linear.h"
 #include "models/causal_lm.h"
 #include "optim/zero_adamw.h"
@@ -43,6 +44,11 @@ class GradTransaction {
   /// commit.
   void all_reduce(dist::Collectives& group);
 
+  /// Tensor parallelism: the replicated LoRA factors (A of a column-parallel layer, B of a row-parallel one) got
+  /// each rank's share of their gradient; sums them over `tp` (one flat buffer) so every rank holds the whole.
+  /// Every rank of the group calls it with the same slots, before all_reduce and commit.
+  void sum_partial_over(const dist::TensorParallel& tp);
+
   /// Keeps the batch's gradients plus the set-aside ones. Leaves the set-aside tensors unmodified until the
   /// end, so a failure inside commit itself still rolls back exactly.
   void commit();
@@ -50,6 +56,7 @@ class GradTransaction {
  private:
   struct LoraGrads {
     lora::LoraLinear* module;
+    dist::TpSplit split;
     int64_t slot;
     std::pair<at::Tensor, at::Tensor> before;  // (A, B) accumulators before the batch; undefined if none
   };

@@ -41,7 +41,7 @@ MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidde
   const at::Tensor targets = batch.target_ids.reshape({-1});  // [N]
   const int64_t num_tokens = hidden.size(0);
   auto chunk_logprobs = [&](int64_t begin, int64_t length) {
-    return loss::target_logprobs(model.lm_head(), hidden.narrow(0, begin, length), targets.narrow(0, begin, length),
+    return loss::target_logprobs(model.output_head(), hidden.narrow(0, begin, length), targets.narrow(0, begin, length),
                                  batch.segments.slice(begin, length));
   };
   loss::LossInputs inputs = batch_inputs;

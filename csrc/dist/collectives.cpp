@@ -40,14 +40,18 @@ void Collectives::reset_stats() {
   stats_.clear();
 }
 
-void Collectives::all_reduce_sum(at::Tensor& tensor) {
-  SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, "all_reduce_sum: the tensor must be contiguous");
+void Collectives::all_reduce(at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const char* what) {
+  SKYRL_TX_CHECK(tensor.is_contiguous(), InvalidArgument, what, ": the tensor must be contiguous");
   const auto started = std::chrono::steady_clock::now();
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::SUM;
-  wait(group_->allreduce(tensors, options), "all_reduce", tensor.nbytes(), started);
+  options.reduceOp = op;
+  wait(group_->allreduce(tensors, options), what, tensor.nbytes(), started);
 }
+
+void Collectives::all_reduce_sum(at::Tensor& tensor) { all_reduce(tensor, c10d::ReduceOp::SUM, "all_reduce"); }
+
+void Collectives::all_reduce_max(at::Tensor& tensor) { all_reduce(tensor, c10d::ReduceOp::MAX, "all_reduce_max"); }
 
 at::Tensor Collectives::reduce_scatter_sum(const at::Tensor& input) {
   SKYRL_TX_CHECK(input.is_contiguous() && input.dim() == 1 && input.numel() % world_size() == 0, InvalidArgument,

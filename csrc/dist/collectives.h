@@ -55,6 +55,8 @@ class Collectives {
   int world_size() const;
   /// In place on every rank: the element-wise sum over ranks. Same shape and dtype on every rank.
   void all_reduce_sum(at::Tensor& tensor);
+  /// In place on every rank: the element-wise maximum over ranks (a vocabulary-parallel softmax's shift).
+  void all_reduce_max(at::Tensor& tensor);
   /// The tensors (any shapes, one dtype) summed over ranks through one flat buffer: one collective per call,
   /// however many adapter factors a step trained. Every rank passes the same list of shapes in the same order.
   void all_reduce_sum_flat(std::vector<at::Tensor>& tensors);
@@ -76,6 +78,7 @@ class Collectives {
 
  private:
   friend class PendingCollective;
+  void all_reduce(at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const char* what);
   /// Waits for `work`; a failed or timed-out collective (a dead or hung rank) becomes skyrl_tx::Internal naming
   /// the operation and this rank, so the engine tears the group down and recovers as after a crash. Counts the
   /// call, `bytes` and the time from `started` (before the work was issued) under `what`.

@@ -240,17 +240,20 @@ void LoraLinear::set_slot_scaling(int64_t slot, int64_t rank, double scaling) {
   if (rank > 0) columns.narrow(0, 0, rank).fill_(scaling);
 }
 
-void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator) {
+void LoraLinear::enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator, int64_t whole_in,
+                             int64_t in_begin) {
   SKYRL_TX_INTERNAL_ASSERT(slot > 0 && slot < static_cast<int64_t>(ranks_.size()), "slot out of range");
   SKYRL_TX_INTERNAL_ASSERT(rank > 0 && rank <= a_.size(1), "rank out of range");
+  if (whole_in == 0) whole_in = in_features();
+  SKYRL_TX_INTERNAL_ASSERT(in_begin >= 0 && in_begin + in_features() <= whole_in, "shard outside the layer");
   c10::NoGradGuard no_grad;
   // kaiming_uniform_(a=sqrt(5)) on [rank, in] gives bound = 1 / sqrt(in) (PEFT, torch.nn.Linear init).
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features()));
-  at::Tensor init = at::empty({rank, in_features()}, at::TensorOptions().dtype(at::kFloat));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(whole_in));
+  at::Tensor init = at::empty({rank, whole_in}, at::TensorOptions().dtype(at::kFloat));  // [rank, whole in]
   init.uniform_(-bound, bound, generator);
   a_.select(0, slot).zero_();
   b_.select(1, slot).zero_();
-  a_.select(0, slot).narrow(0, 0, rank).copy_(init);
+  a_.select(0, slot).narrow(0, 0, rank).copy_(init.narrow(1, in_begin, in_features()));
   set_slot_scaling(slot, rank, scaling);
 }
 

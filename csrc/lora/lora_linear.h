@@ -36,7 +36,10 @@ class LoraLinear {
 
   /// Enables LoRA for `slot` with `rank` and `scaling`; A ~ kaiming-uniform(a=sqrt(5)) from `generator`
   /// (PEFT's default init), B = 0 so the fresh adapter equals the base model.
-  void enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator);
+  /// Tensor parallel, a row-split layer: A is drawn at the whole layer's width `whole_in` and this shard's columns
+  /// [in_begin, in_begin + in) kept, so every layout draws the same adapter (0: this layer is whole).
+  void enable_slot(int64_t slot, int64_t rank, double scaling, at::Generator generator, int64_t whole_in = 0,
+                   int64_t in_begin = 0);
   /// Enables `slot` with given PEFT-oriented factors (a frozen snapshot being made resident).
   void load_slot(int64_t slot, int64_t rank, double scaling, const at::Tensor& a, const at::Tensor& b);
   double slot_scaling(int64_t slot) const { return scalings_.at(slot); }

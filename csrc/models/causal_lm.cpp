@@ -10,18 +10,41 @@ namespace skyrl_tx::models {
 namespace {
 
 // Members built from the config (RoPE divides by head counts) must only ever see a validated one.
-const ModelConfig& validated(const ModelConfig& config) {
+const ModelConfig& validated(const ModelConfig& config, const dist::TensorParallel& tp) {
   config.validate();
+  if (!tp.enabled()) return config;
+  const int64_t size = tp.size();
+  const ArchitectureSpec& arch = find_architecture(config.architecture);
+  const std::vector<MlpKind> mlps = mlp_layout(config);
+  SKYRL_TX_CHECK(arch.attention != AttentionKind::kMla && !config.has_linear_attention() &&
+                     std::find(mlps.begin(), mlps.end(), MlpKind::kMoe) == mlps.end(),
+                 InvalidArgument, "tensor_parallel_size ", size, ": ", config.architecture,
+                 " is not split over ranks yet (dense grouped-query attention models are: Qwen3, Llama 3); use "
+                 "tensor_parallel_size 1 with fully_sharded_data_parallel_size for several devices");
+  SKYRL_TX_CHECK(config.num_attention_heads % size == 0 && config.num_key_value_heads % size == 0 &&
+                     config.intermediate_size % size == 0,
+                 InvalidArgument, "tensor_parallel_size ", size, " must divide the model's attention heads (",
+                 config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
+                 ") and MLP width (", config.intermediate_size, "); choose a divisor of ",
+                 config.num_key_value_heads);
+  SKYRL_TX_CHECK(tp.shard_of(config.vocab_size, static_cast<int>(size) - 1).length > 0, InvalidArgument,
+                 "tensor_parallel_size ", size, " leaves a rank no vocabulary rows (vocab_size ", config.vocab_size,
+                 ")");
   return config;
 }
 
 }  // namespace
 
 CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options)
-    : config_(validated(config)), options_(options), rope_(config_, options.device) {
+    : config_(validated(config, options.tensor_parallel)),
+      options_(options),
+      vocab_shard_(options.tensor_parallel.shard(config.vocab_size)),
+      rope_(config_, options.device) {
   WeightStore store(std::move(weights), options.dtype, options.device);
-  BuildContext ctx{store, options.num_slots, options.max_rank};
-  embed_tokens_ = store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
+  const dist::TensorParallel& tp = options_.tensor_parallel;
+  BuildContext ctx{store, options.num_slots, options.max_rank, tp};
+  // Vocabulary-parallel: rows [vocab_shard_.begin, + length) of the embedding and of the lm_head.
+  embed_tokens_ = tp.narrow(store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}), 0);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i), i));
   }
@@ -32,17 +55,20 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
                         : store.take("lm_head.weight", {config.vocab_size, config.hidden_size});
   // Tied checkpoints usually omit lm_head.weight; some repeat it. Either way tied means "use the embedding".
   if (config.tie_word_embeddings) head = embed_tokens_;
+  else head = tp.narrow(head, 0);
   lm_head_ = std::make_unique<lora::LoraLinear>(head, at::Tensor(), options.num_slots, options.max_rank);
   store.finish();
 
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_[i]->collect_lora(str_cat("model.layers.", i), lora_modules_);
   }
-  lora_modules_.push_back({"lm_head", LoraGroup::kUnembed, lm_head_.get()});
+  lora_modules_.push_back({"lm_head", LoraGroup::kUnembed, lm_head_.get(),
+                           tp.enabled() ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated});
   const std::vector<MlpKind> layout = mlp_layout(config_);
   // Gated DeltaNet decode updates recurrent state rows the static decoder does not manage: eager too.
+  // Tensor parallel: a decode step runs collectives, which a captured graph would not replay with the group.
   cuda_graph_capturable_ = std::find(layout.begin(), layout.end(), MlpKind::kMoe) == layout.end() &&
-                           !config_.has_linear_attention();
+                           !config_.has_linear_attention() && !tp.enabled();
 }
 
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions,
@@ -55,7 +81,20 @@ at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor
   return final_norm(h);
 }
 
-at::Tensor CausalLM::embed(const at::Tensor& input_ids) const { return at::embedding(embed_tokens_, input_ids); }
+at::Tensor CausalLM::embed(const at::Tensor& input_ids) const {
+  const dist::TensorParallel& tp = options_.tensor_parallel;
+  if (!tp.enabled()) return at::embedding(embed_tokens_, input_ids);
+  // Each rank looks up the ids it holds (zeros for the others); the sum over ranks is every id's row.
+  const at::Tensor local = input_ids - vocab_shard_.begin;  // [B, T]
+  const at::Tensor here = (local >= 0).logical_and(local < vocab_shard_.length).unsqueeze(-1);  // [B, T, 1]
+  at::Tensor rows = at::embedding(embed_tokens_, local.clamp(0, vocab_shard_.length - 1));  // [B, T, hidden]
+  return tp.reduce_out(rows * here.to(rows.scalar_type()));
+}
+
+at::Tensor CausalLM::logits(const at::Tensor& hidden, const lora::AdapterSegments& segments) const {
+  at::Tensor local = lm_head_->forward(hidden, segments);  // [N, vocab shard]
+  return options_.tensor_parallel.gather(local, 1, config_.vocab_size);  // [N, vocab]
+}
 
 std::pair<at::Tensor, at::Tensor> CausalLM::rope(const at::Tensor& positions, at::ScalarType dtype) const {
   return rope_.cos_sin(positions, dtype);

@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include "dist/tensor_parallel.h"
+#include "loss/token_logprobs.h"
 #include "models/layers.h"
 #include "models/rope.h"
 
@@ -16,6 +18,8 @@ struct ModelOptions {
   int64_t max_rank = 32;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
+  /// Heads, MLP columns and the vocabulary split over this group (dense GQA models; size 1: not split).
+  dist::TensorParallel tensor_parallel;
 };
 
 class CausalLM {
@@ -38,6 +42,14 @@ class CausalLM {
   at::Tensor final_norm(const at::Tensor& h) const;  // [B, T, hidden] → [B * T, hidden]
 
   const lora::LoraLinear& lm_head() const { return *lm_head_; }
+  /// What target logprobs are read through (loss/token_logprobs.h): the lm_head and its vocabulary rows.
+  loss::OutputHead output_head() const { return {*lm_head_, options_.tensor_parallel, vocab_shard_}; }
+  /// hidden [N, hidden] → logits [N, vocab] over the whole vocabulary (gathered from every tensor-parallel rank;
+  /// sampling only, so no gradient under tensor parallelism).
+  at::Tensor logits(const at::Tensor& hidden, const lora::AdapterSegments& segments) const;
+  const dist::TensorParallel& tensor_parallel() const { return options_.tensor_parallel; }
+  /// The KV heads this rank caches (its share under tensor parallelism).
+  int64_t local_kv_heads() const { return config_.cache_kv_heads() / options_.tensor_parallel.size(); }
   /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
   std::vector<NamedParameter> named_parameters() const;
   /// Every LoRA-capable linear with its HF module path and target group (stable order).
@@ -56,7 +68,8 @@ class CausalLM {
  private:
   ModelConfig config_;
   ModelOptions options_;
-  at::Tensor embed_tokens_;  // [vocab, hidden]
+  dist::Shard vocab_shard_;  // the vocabulary rows this rank holds (all of them without tensor parallelism)
+  at::Tensor embed_tokens_;  // [vocab shard, hidden]
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   std::unique_ptr<RmsNorm> norm_;
   std::unique_ptr<lora::LoraLinear> lm_head_;  // weight shares storage with embed_tokens_ when tied

@@ -19,6 +19,21 @@ lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, 
   return lora::LoraLinear(std::move(w), std::move(b), ctx.num_slots, ctx.max_rank);
 }
 
+lora::LoraLinear make_parallel_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in,
+                                      bool bias, dist::TpSplit split, at::Tensor* row_bias) {
+  const dist::TensorParallel& tp = ctx.tensor_parallel;
+  if (!tp.enabled() || split == dist::TpSplit::kReplicated) return make_lora_linear(ctx, prefix, out, in, bias);
+  at::Tensor b = bias ? ctx.weights.take(prefix + ".bias", {out}) : at::Tensor();
+  if (split == dist::TpSplit::kColumn) {  // [out / tp, in], bias [out / tp]
+    at::Tensor w = tp.narrow(ctx.weights.take(prefix + ".weight", {out, in}), 0);
+    return lora::LoraLinear(std::move(w), b.defined() ? tp.narrow(b, 0) : b, ctx.num_slots, ctx.max_rank);
+  }
+  SKYRL_TX_INTERNAL_ASSERT(row_bias != nullptr || !bias, "row-parallel linear with a bias needs row_bias");
+  if (bias) *row_bias = b;
+  at::Tensor w = tp.narrow(ctx.weights.take(prefix + ".weight", {out, in}), 1);  // [out, in / tp]
+  return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);
+}
+
 at::Tensor rms_normalized_f32(const at::Tensor& x, double eps) {
   at::Tensor x32 = x.to(at::kFloat);
   return x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -33,18 +48,22 @@ at::Tensor RmsNorm::forward(const at::Tensor& x) const {
 }
 
 Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
-    : num_heads_(config.num_attention_heads),
-      num_kv_heads_(config.num_key_value_heads),
+    : tp_(ctx.tensor_parallel),
+      num_heads_(config.num_attention_heads / tp_.size()),
+      num_kv_heads_(config.num_key_value_heads / tp_.size()),
       head_dim_(config.resolved_head_dim()),
       gated_(find_architecture(config.architecture).attention == AttentionKind::kGatedGqa),
-      q_proj_(make_lora_linear(ctx, prefix + ".q_proj", num_heads_ * head_dim_ * (gated_ ? 2 : 1),
-                               config.hidden_size, config.attention_bias)),
-      k_proj_(make_lora_linear(ctx, prefix + ".k_proj", num_kv_heads_ * head_dim_, config.hidden_size,
-                               config.attention_bias)),
-      v_proj_(make_lora_linear(ctx, prefix + ".v_proj", num_kv_heads_ * head_dim_, config.hidden_size,
-                               config.attention_bias)),
-      o_proj_(make_lora_linear(ctx, prefix + ".o_proj", config.hidden_size, num_heads_ * head_dim_,
-                               config.attention_bias)) {
+      // Rows are head-major (a gated head's [query | gate] included), so a contiguous row shard is whole heads.
+      q_proj_(make_parallel_linear(ctx, prefix + ".q_proj",
+                                   config.num_attention_heads * head_dim_ * (gated_ ? 2 : 1), config.hidden_size,
+                                   config.attention_bias, dist::TpSplit::kColumn)),
+      k_proj_(make_parallel_linear(ctx, prefix + ".k_proj", config.num_key_value_heads * head_dim_,
+                                   config.hidden_size, config.attention_bias, dist::TpSplit::kColumn)),
+      v_proj_(make_parallel_linear(ctx, prefix + ".v_proj", config.num_key_value_heads * head_dim_,
+                                   config.hidden_size, config.attention_bias, dist::TpSplit::kColumn)),
+      o_proj_(make_parallel_linear(ctx, prefix + ".o_proj", config.hidden_size,
+                                   config.num_attention_heads * head_dim_, config.attention_bias,
+                                   dist::TpSplit::kRow, &o_bias_)) {
   if (config.qk_norm) {
     const bool zero_centered = find_architecture(config.architecture).zero_centered_norm;
     qk_norm_.emplace_back(ctx.weights.take(prefix + ".q_norm.weight", {head_dim_}), config.rms_norm_eps,
@@ -58,7 +77,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
                               const AttentionMask& mask, const lora::AdapterSegments& segments,
                               const KvCacheView* cache, int64_t layer) const {
   const int64_t batch = x.size(0), seq = x.size(1);
-  at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
+  at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
   // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
   at::Tensor q = q_proj_.forward(flat, segments);
   at::Tensor gate;  // gated: [B * T, heads * D], each head's second half of q_proj's [query | gate]
@@ -110,14 +129,17 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
                                                      /*enable_gqa=*/num_heads_ != num_kv_heads_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
   if (gated_) merged = merged * at::sigmoid(gate);
-  return o_proj_.forward(merged, segments).view({batch, seq, -1});
+  at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]
+  if (o_bias_.defined()) out = out + o_bias_;
+  return out.view({batch, seq, -1});
 }
 
 void Attention::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  out.push_back({prefix + ".q_proj", LoraGroup::kAttention, &q_proj_});
-  out.push_back({prefix + ".k_proj", LoraGroup::kAttention, &k_proj_});
-  out.push_back({prefix + ".v_proj", LoraGroup::kAttention, &v_proj_});
-  out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_});
+  const auto split = [&](dist::TpSplit s) { return tp_.enabled() ? s : dist::TpSplit::kReplicated; };
+  out.push_back({prefix + ".q_proj", LoraGroup::kAttention, &q_proj_, split(dist::TpSplit::kColumn)});
+  out.push_back({prefix + ".k_proj", LoraGroup::kAttention, &k_proj_, split(dist::TpSplit::kColumn)});
+  out.push_back({prefix + ".v_proj", LoraGroup::kAttention, &v_proj_, split(dist::TpSplit::kColumn)});
+  out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_, split(dist::TpSplit::kRow)});
 }
 
 void Attention::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
@@ -126,6 +148,7 @@ void Attention::collect_parameters(const std::string& prefix, std::vector<NamedP
     out.emplace_back(prefix + "." + name + ".weight", linear->weight());
     if (linear->bias().defined()) out.emplace_back(prefix + "." + name + ".bias", linear->bias());
   }
+  if (o_bias_.defined()) out.emplace_back(prefix + ".o_proj.bias", o_bias_);
   if (!qk_norm_.empty()) {
     out.emplace_back(prefix + ".q_norm.weight", qk_norm_[0].weight());
     out.emplace_back(prefix + ".k_norm.weight", qk_norm_[1].weight());
@@ -133,22 +156,38 @@ void Attention::collect_parameters(const std::string& prefix, std::vector<NamedP
 }
 
 SwiGluMlp::SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
-    : SwiGluMlp(config.hidden_size, config.intermediate_size, config.mlp_bias, ctx, prefix) {}
+    : SwiGluMlp(config.hidden_size, config.intermediate_size, config.mlp_bias, ctx, prefix,
+                /*tensor_parallel=*/true) {}
 
-SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix)
-    : gate_proj_(make_lora_linear(ctx, prefix + ".gate_proj", intermediate, hidden, bias)),
-      up_proj_(make_lora_linear(ctx, prefix + ".up_proj", intermediate, hidden, bias)),
-      down_proj_(make_lora_linear(ctx, prefix + ".down_proj", hidden, intermediate, bias)) {}
+SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix,
+                     bool tensor_parallel)
+    : tp_(tensor_parallel && ctx.tensor_parallel.enabled() ? &ctx.tensor_parallel : nullptr),
+      gate_proj_(make_parallel_linear(ctx, prefix + ".gate_proj", intermediate, hidden, bias,
+                                      tp_ ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated)),
+      up_proj_(make_parallel_linear(ctx, prefix + ".up_proj", intermediate, hidden, bias,
+                                    tp_ ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated)),
+      down_proj_(make_parallel_linear(ctx, prefix + ".down_proj", hidden, intermediate, bias,
+                                      tp_ ? dist::TpSplit::kRow : dist::TpSplit::kReplicated, &down_bias_)) {}
 
 at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
-  at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
-  return down_proj_.forward(gated, segments);
+  if (tp_ == nullptr) {
+    at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
+    return down_proj_.forward(gated, segments);
+  }
+  at::Tensor in = tp_->copy_in(x);
+  at::Tensor gated = at::silu(gate_proj_.forward(in, segments)) * up_proj_.forward(in, segments);  // [N, inter/tp]
+  at::Tensor out = tp_->reduce_out(down_proj_.forward(gated, segments));  // [N, hidden]
+  return down_bias_.defined() ? out + down_bias_ : out;
 }
 
 void SwiGluMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_});
-  out.push_back({prefix + ".up_proj", LoraGroup::kMlp, &up_proj_});
-  out.push_back({prefix + ".down_proj", LoraGroup::kMlp, &down_proj_});
+  const bool split = tp_ != nullptr;
+  out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_,
+                 split ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated});
+  out.push_back({prefix + ".up_proj", LoraGroup::kMlp, &up_proj_,
+                 split ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated});
+  out.push_back({prefix + ".down_proj", LoraGroup::kMlp, &down_proj_,
+                 split ? dist::TpSplit::kRow : dist::TpSplit::kReplicated});
 }
 
 void SwiGluMlp::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
@@ -157,6 +196,7 @@ void SwiGluMlp::collect_parameters(const std::string& prefix, std::vector<NamedP
     out.emplace_back(prefix + "." + name + ".weight", linear->weight());
     if (linear->bias().defined()) out.emplace_back(prefix + "." + name + ".bias", linear->bias());
   }
+  if (down_bias_.defined()) out.emplace_back(prefix + ".down_proj.bias", down_bias_);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/tensor_parallel.h"
 #include "lora/lora_linear.h"
 #include "models/hf_weights.h"
 #include "models/model_config.h"
@@ -23,6 +24,9 @@ struct NamedLoraModule {
   std::string name;  // HF module path, e.g. "model.layers.0.self_attn.q_proj"
   LoraGroup group;
   lora::LoraLinear* module;
+  // Under tensor parallelism: which factor is this rank's shard (B of a column-parallel layer, A of a row-parallel
+  // one) and which is replicated with a partial gradient (summed over the group after each batch).
+  dist::TpSplit split = dist::TpSplit::kReplicated;
 };
 
 /// What every block needs to build its LoRA-capable linears.
@@ -30,6 +34,7 @@ struct BuildContext {
   WeightStore& weights;
   int64_t num_slots;
   int64_t max_rank;
+  const dist::TensorParallel& tensor_parallel = dist::kNoTensorParallel;
 };
 
 /// x / sqrt(mean(x^2) + eps) over the last dim, in float32 (every RMSNorm variant's first half).
@@ -112,24 +117,30 @@ class Attention : public AttentionModule {
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
-  int64_t num_heads_, num_kv_heads_, head_dim_;
+  const dist::TensorParallel& tp_;
+  int64_t num_heads_, num_kv_heads_, head_dim_;  // this rank's heads (all of them without tensor parallelism)
   bool gated_;
-  lora::LoraLinear q_proj_, k_proj_, v_proj_, o_proj_;
+  at::Tensor o_bias_;  // tensor parallel with a bias: o_proj's, added once after the sum (before o_proj_: it sets it)
+  lora::LoraLinear q_proj_, k_proj_, v_proj_, o_proj_;  // q/k/v column-parallel by heads, o row-parallel
   std::vector<RmsNorm> qk_norm_;  // empty, or {q_norm, k_norm} for Qwen3
 };
 
 class SwiGluMlp : public MlpModule {
  public:
-  /// The dense MLP: width config.intermediate_size.
+  /// The dense MLP: width config.intermediate_size, split over the tensor-parallel ranks (gate/up by columns,
+  /// down by rows).
   SwiGluMlp(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
-  /// Any width (an expert: moe_intermediate_size; shared experts: n_shared_experts times that).
-  SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix);
+  /// Any width, replicated (an expert: moe_intermediate_size; shared experts: n_shared_experts times that).
+  SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix,
+            bool tensor_parallel = false);
   /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
+  const dist::TensorParallel* tp_;  // null: replicated
+  at::Tensor down_bias_;  // tensor parallel with a bias: down_proj's, added once after the sum (set by down_proj_'s init)
   lora::LoraLinear gate_proj_, up_proj_, down_proj_;
 };
 
@@ -153,5 +164,9 @@ class DecoderLayer {
 
 /// Builds a LoraLinear from "<prefix>.weight" (+ "<prefix>.bias" when `bias`).
 lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in, bool bias);
+/// This rank's shard of the [out, in] linear: column-split (weight and bias rows), or row-split (weight columns;
+/// the bias, replicated, goes to `*row_bias` under tensor parallelism so it is added once, after the sum).
+lora::LoraLinear make_parallel_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in,
+                                      bool bias, dist::TpSplit split, at::Tensor* row_bias = nullptr);
 
 }  // namespace skyrl_tx::models

@@ -20,22 +20,30 @@ void AdamParams::validate() const {
                  grad_clip_norm, "); 0 disables clipping");
 }
 
-double global_grad_norm(const std::vector<TrainableTensor>& tensors) {
-  std::vector<at::Tensor> grads;
+double global_grad_norm(const std::vector<TrainableTensor>& tensors, const dist::TensorParallel& tp) {
+  std::vector<at::Tensor> grads, sharded;
   for (const auto& t : tensors) {
-    if (t.grad.defined()) grads.push_back(t.grad);
+    if (t.grad.defined()) (tp.enabled() && t.split_dim >= 0 ? sharded : grads).push_back(t.grad);
   }
-  if (grads.empty()) return 0.0;
   // Per-tensor norms in one multi-tensor pass, combined in double: one host sync, not one per tensor.
-  const std::vector<at::Tensor> norms = at::_foreach_norm(grads);
-  return at::stack(norms).to(at::kDouble).pow(2).sum().sqrt().item<double>();
+  const auto sum_of_squares = [](const std::vector<at::Tensor>& ts) {
+    if (ts.empty()) return at::zeros({1}, at::kDouble);
+    return at::stack(at::_foreach_norm(ts)).to(at::kCPU, at::kDouble).pow(2).sum().reshape({1});
+  };
+  at::Tensor total = sum_of_squares(grads);  // [1]
+  if (tp.enabled()) {  // every rank holds a different part of the sharded tensors: their squares summed over ranks
+    at::Tensor parts = sum_of_squares(sharded);
+    tp.group().all_reduce_sum(parts);
+    total = total + parts;
+  }
+  return total.sqrt().item<double>();
 }
 
 std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>& tensors,
-                                              const AdamParams& params) {
+                                              const AdamParams& params, const dist::TensorParallel& tp) {
   params.validate();
   c10::NoGradGuard no_grad;
-  const double grad_norm = global_grad_norm(tensors);
+  const double grad_norm = global_grad_norm(tensors, tp);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up.
   double grad_scale = 1.0;
   if (params.grad_clip_norm > 0) grad_scale = std::min(1.0, params.grad_clip_norm / (grad_norm + 1e-6));

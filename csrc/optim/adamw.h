@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/tensor_parallel.h"
+
 namespace skyrl_tx::optim {
 
 /// The SDK's AdamParams; semantics of torch.optim.AdamW (Loshchilov & Hutter 2019).
@@ -27,6 +29,9 @@ struct TrainableTensor {
   std::string name;
   at::Tensor param;  // updated in place
   at::Tensor grad;   // undefined = no gradient accumulated yet (treated as zeros)
+  // Tensor parallelism: the dimension of which this rank holds a shard (-1: replicated) and its whole size.
+  int64_t split_dim = -1;
+  int64_t split_size = 0;
 };
 
 /// First and second moments of every tensor of one model, plus its step count.
@@ -35,7 +40,9 @@ class AdamState {
  public:
   /// Clips (if asked), then applies one AdamW step to every tensor. Returns metrics
   /// {"grad_norm" (before clipping), "learning_rate", "step"}.
-  std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const AdamParams& params);
+  /// `tp`: the tensors' tensor-parallel group (their sharded parts count once each in the clipping norm).
+  std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const AdamParams& params,
+                                     const dist::TensorParallel& tp = dist::TensorParallel());
   int64_t num_steps() const { return step_; }
   /// Moments by tensor name (exp_avg, exp_avg_sq), for checkpoints.
   const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments() const { return moments_; }
@@ -51,6 +58,9 @@ class AdamState {
 };
 
 /// sqrt(sum of squared L2 norms) of the defined gradients, in float64 for a stable sum.
-double global_grad_norm(const std::vector<TrainableTensor>& tensors);
+/// Under tensor parallelism, the norm of the whole tensors: the shards' squares summed over `tp`, the replicated
+/// tensors' counted once.
+double global_grad_norm(const std::vector<TrainableTensor>& tensors,
+                        const dist::TensorParallel& tp = dist::TensorParallel());
 
 }  // namespace skyrl_tx::optim

@@ -35,7 +35,8 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
       config_(config),
       eos_tokens_(std::move(eos_tokens)),
       token_bytes_(std::move(token_bytes)),
-      cache_(model.config(), config.max_sequences, config.max_length, model.options().dtype, model.options().device),
+      cache_(model.config(), config.max_sequences, config.max_length, model.options().dtype, model.options().device,
+             model.tensor_parallel().size()),
       seed_source_(at::make_generator<at::CPUGeneratorImpl>(config.seed)),
       rows_(config.max_sequences) {
   // A Gated DeltaNet's state exists only after a row's last token, never at an earlier prefix: nothing to reuse.
@@ -214,7 +215,7 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
   for (size_t i = 0; i < ids.size(); ++i) last_hidden[i] = prompt_hidden[i].narrow(0, prompt_hidden[i].size(0) - 1, 1);
   // logits: [n, vocab], requests in submission order (slots unsorted, so from_rows)
   at::Tensor logits =
-      model_.lm_head().forward(at::cat(last_hidden), lora::AdapterSegments::from_rows(slots, 1)).to(at::kFloat);
+      model_.logits(at::cat(last_hidden), lora::AdapterSegments::from_rows(slots, 1)).to(at::kFloat);
 
   std::vector<int64_t> new_rows, logits_row;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -320,7 +321,7 @@ at::Tensor Generator::eager_decode_logits(const std::vector<int64_t>& tokens, co
   at::Tensor hidden = model_.hidden_states(device_tensor(tokens, device).view({batch, 1}), pos.view({batch, 1}),
                                            models::AttentionMask{}, lora::AdapterSegments::from_rows(slots, 1), &view);
   at::Tensor active_hidden = hidden.index_select(0, device_tensor(active, device));  // [n, hidden]
-  return model_.lm_head().forward(active_hidden, lora::AdapterSegments::from_rows(active_slots, 1));
+  return model_.logits(active_hidden, lora::AdapterSegments::from_rows(active_slots, 1));
 }
 
 void Generator::choose(const std::vector<int64_t>& rows, const at::Tensor& logits) {

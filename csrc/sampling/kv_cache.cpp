@@ -7,7 +7,7 @@
 namespace skyrl_tx::sampling {
 
 KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t max_len, at::ScalarType dtype,
-                 at::Device device)
+                 at::Device device, int64_t tensor_parallel_size)
     : used_(max_rows, false), max_len_(max_len) {
   SKYRL_TX_CHECK(max_rows >= 1 && max_len >= 2, InvalidArgument, "kv cache: need max_sampling_sequences >= 1 and ",
                  "max_sampling_length >= 2 (got ", max_rows, ", ", max_len, ")");
@@ -24,9 +24,11 @@ KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t ma
                                              config.linear_value_head_dim}, options.dtype(at::kFloat)));
       continue;
     }
-    // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim)
-    keys_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_key_dim()}, options));
-    values_.push_back(at::zeros({max_rows, config.cache_kv_heads(), max_len, config.cache_value_dim()}, options));
+    // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim);
+    // tensor parallel: this rank's KV heads only
+    const int64_t kv_heads = config.cache_kv_heads() / tensor_parallel_size;
+    keys_.push_back(at::zeros({max_rows, kv_heads, max_len, config.cache_key_dim()}, options));
+    values_.push_back(at::zeros({max_rows, kv_heads, max_len, config.cache_value_dim()}, options));
     conv_states_.emplace_back();
     recurrent_states_.emplace_back();
   }

@@ -15,7 +15,7 @@ class KvCache {
   /// Gated DeltaNet layer a conv state [max_rows, conv_dim, kernel - 1] and a float32 recurrent state
   /// [max_rows, value_heads, key_dim, value_dim] (their K/V entries are undefined, and attention layers' states).
   KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t max_len, at::ScalarType dtype,
-          at::Device device);
+          at::Device device, int64_t tensor_parallel_size = 1);
 
   /// Lowest free row, or -1 when full. Lowest-first keeps the decode batch [0, highest used row] dense.
   int64_t allocate_row();

@@ -98,7 +98,7 @@ void StaticDecoder::forward(Shape& shape) const {
       lora::AdapterSegments::row_dense(lora::slot_columns(slots, options.num_slots, options.max_rank));
   at::Tensor hidden = model_.hidden_states(tokens.view({rows, 1}), positions.view({rows, 1}), models::AttentionMask{},
                                            segments, &view);  // [rows, hidden]
-  shape.logits.copy_(model_.lm_head().forward(hidden, segments));
+  shape.logits.copy_(model_.logits(hidden, segments));
 }
 
 at::Tensor StaticDecoder::step(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,

@@ -41,8 +41,9 @@ def _native_model_config(cfg: DecoderConfig):
 # Applied by the engine process, not the C++ core: threads (engine/threads.py), scheduling (engine/loop.py).
 HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb", "recovery_snapshot_every_steps",
                       "recovery_snapshot_every_s", "futures_retention_hours", "fully_sharded_data_parallel_size",
-                      "num_processes", "coordinator_address", "colocate_all", "num_inference_engines",
-                      "inference_engine_tensor_parallel_size", "inference_engine_timeout_s", "weight_sync_digests")
+                      "tensor_parallel_size", "num_processes", "coordinator_address", "colocate_all",
+                      "num_inference_engines", "inference_engine_tensor_parallel_size", "inference_engine_timeout_s",
+                      "weight_sync_digests")
 
 
 def _native_backend_config(settings: BackendSettings):
@@ -61,7 +62,9 @@ def _as_token_tensor(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
 class NativeBackend:
     """One base model with many LoRA adapters. Only the engine thread may call it (single owner)."""
 
-    def __init__(self, model_dir: Path, settings: BackendSettings | None = None):
+    def __init__(self, model_dir: Path, settings: BackendSettings | None = None, tensor_parallel: Any = None):
+        """tensor_parallel: this rank's tensor-parallel group (_C.Collectives; skyrl_tx/parallel/group.py), whose
+        ranks each keep their shard of the weights read here and make every call together."""
         self.model_dir = Path(model_dir)
         self.settings = settings or BackendSettings()
         self.decoder_config = load_decoder_config(self.model_dir)
@@ -69,6 +72,7 @@ class NativeBackend:
             _native_model_config(self.decoder_config),
             _native_backend_config(self.settings),
             load_weights(self.model_dir),
+            tensor_parallel,
         )
         token_bytes = token_bytes_table(self.model_dir, self.decoder_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.decoder_config.eos_token_ids)

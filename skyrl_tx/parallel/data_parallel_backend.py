@@ -1,5 +1,5 @@
-"""DataParallelBackend: the engine's backend on rank 0 of a data-parallel group, mirroring every state change to the
-local worker ranks it starts (one process per device), which run the same calls in lock-step.
+"""DataParallelBackend: the engine's backend on rank 0 of a data- and tensor-parallel group, mirroring every state
+change to the local worker ranks it starts (one process per device), which run the same calls in lock-step.
 
 Rank 0 (the engine process) is the only rank that talks to the database; the workers only mirror calls. The
 C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed;
@@ -12,6 +12,11 @@ to the workers over a Gloo control group, then run:
   only if they succeed, so a refused call (an unload while samples run) changes nothing anywhere.
 Every mirrored call ends with each worker's outcome gathered to rank 0: ranks that disagree (a worker out of memory)
 are a RanksDiverged error, and the engine restarts the whole group and recovers as after a crash.
+
+Tensor parallelism (tensor_parallel_size T > 1): each rank holds its shard of the weights, so everything that
+computes with them or reads them whole is collective too (sampling, logprobs, reading weights), and what changes the
+sampling state (snapshots, submitted samples) is mirrored. Every replica runs them, not only rank 0's: every rank
+then keeps the same state, and there is one code path for every layout.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ log = logging.getLogger("skyrl_tx.parallel")
 COLLECTIVE_CALLS = ("forward_backward", "forward", "optim_step", "optimizer_state", "trainable_grads")
 MIRRORED_CALLS = ("create_model", "create_adapter", "remove_model", "remove_adapter", "set_adapter_weights",
                   "load_peft_adapter", "set_trainable_state", "set_optimizer_state", "restore_optimizer")
+# With tensor parallelism: calls that compute with the sharded weights or gather them, and sampling state changes.
+TENSOR_PARALLEL_COLLECTIVE_CALLS = ("trainable_state", "adapter_state_dict", "sample_step", "sample",
+                                    "token_logprobs")
+TENSOR_PARALLEL_MIRRORED_CALLS = ("snapshot", "load_snapshot", "load_frozen_model", "remove_snapshot",
+                                  "submit_sample")
 COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank
 IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait for the next call however long
 
@@ -63,18 +73,34 @@ def _outcome(exc: BaseException | None) -> str:
     return "ok" if exc is None else f"{type(exc).__name__}: {exc}"
 
 
+def _join_rank(model_dir: str, settings: dict[str, Any], layout: RankLayout, rank: int) -> _Channel:
+    """Every rank, in the same order: joins the group and makes its subgroups and the control group, then loads its
+    part of the model (its tensor-parallel shard, read from the checkpoint directory itself) and attaches its
+    data-parallel group."""
+    import torch.distributed as td
+
+    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.parallel.group import RankAddress, join_group, join_subgroups
+
+    join_group(RankAddress(layout.coordinator_address, rank, layout.world), timeout_s=COLLECTIVE_TIMEOUT_S)
+    tensor_parallel, data_parallel = join_subgroups(rank, layout.tensor_parallel_groups(),
+                                                    layout.data_parallel_groups(), timeout_s=COLLECTIVE_TIMEOUT_S)
+    control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
+    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings), tensor_parallel=tensor_parallel)
+    if data_parallel is not None:
+        backend.attach_collectives(data_parallel)
+    return _Channel(backend, control)
+
+
 def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str) -> None:
-    """A worker rank: loads its replica, joins the group, then runs what rank 0 sends until told to stop."""
+    """A worker rank: joins the group, loads its part of the model, then runs what rank 0 sends until told to stop."""
     try:  # dies with the engine process, even a kill -9 of it (the supervisor then restarts the whole group)
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    from skyrl_tx.backend.native import NativeBackend
-    from skyrl_tx.parallel.group import RankAddress, join_group
-
-    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
+    layout = RankLayout(world, 1, address, int(settings.get("tensor_parallel_size", 1)))
     try:
-        channel = _Channel(backend, join_group(RankAddress(address, rank, world), timeout_s=COLLECTIVE_TIMEOUT_S))
+        channel = _join_rank(model_dir, settings, layout, rank)
     except InvalidArgumentError as exc:  # a configuration that cannot work: do not rejoin (exit code 2)
         logging.basicConfig(level=logging.INFO)
         log.error("rank %d: %s", rank, exc.message)
@@ -84,14 +110,12 @@ def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int
 
 class _Channel:
     """The control plane: commands from rank 0 and outcomes back, as Python objects on a Gloo group (the data
-    plane, the group the core's collectives use, is NCCL on GPUs)."""
+    plane, the groups the core's collectives use, is NCCL on GPUs)."""
 
-    def __init__(self, backend: Any, collectives: Any):
+    def __init__(self, backend: Any, control: Any):
         import torch.distributed as td
 
-        self.backend, self.td = backend, td
-        backend.attach_collectives(collectives)
-        self.control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
+        self.backend, self.td, self.control = backend, td, control
         self._check_same_everywhere()
 
     def _check_same_everywhere(self) -> None:
@@ -138,24 +162,23 @@ class _Channel:
 class DataParallelBackend:
     """Rank 0's backend (a NativeBackend plus the workers). Same interface as NativeBackend."""
 
-    def __init__(self, local: Any, channel: _Channel, workers: list[Any]):
+    def __init__(self, local: Any, channel: _Channel, workers: list[Any], tensor_parallel: bool = False):
         self._local, self._channel, self._workers = local, channel, workers
+        self._collective = COLLECTIVE_CALLS + (TENSOR_PARALLEL_COLLECTIVE_CALLS if tensor_parallel else ())
+        self._mirrored_calls = MIRRORED_CALLS + (TENSOR_PARALLEL_MIRRORED_CALLS if tensor_parallel else ())
 
     @classmethod
     def start(cls, model_dir: Path, settings: BackendSettings) -> DataParallelBackend:
-        """Starts this node's other ranks (spawn), loads rank 0's replica, joins the group (remote nodes' ranks
-        join through `skyrl-tx worker`), and checks every rank serves the same model with the same build."""
-        from skyrl_tx.backend.native import NativeBackend
-        from skyrl_tx.parallel.group import RankAddress, join_group
-
+        """Starts this node's other ranks (spawn), joins the group with them (remote nodes' ranks join through
+        `skyrl-tx worker`), loads rank 0's part of the model, and checks every rank serves the same model with the
+        same build."""
         layout = RankLayout.from_settings(settings)
         workers = layout.spawn(str(model_dir), settings, layout.ranks_of(0)[1:], _worker_main)
-        local = NativeBackend(Path(model_dir), BackendSettings.from_dict(layout.rank_settings(settings, 0)))
-        group = join_group(RankAddress(layout.coordinator_address, 0, layout.world), timeout_s=COLLECTIVE_TIMEOUT_S)
-        channel = _Channel(local, group)
-        log.info("data parallel: %d ranks over %d node process(es) at %s (rank 0 pid %d, local workers %s)",
-                 layout.world, layout.processes, layout.coordinator_address, os.getpid(), [w.pid for w in workers])
-        return cls(local, channel, workers)
+        channel = _join_rank(str(model_dir), layout.rank_settings(settings, 0), layout, 0)
+        log.info("parallel: %d ranks (%d data-parallel x %d tensor-parallel) over %d node process(es) at %s (rank 0 "
+                 "pid %d, local workers %s)", layout.world, layout.data_parallel, layout.tensor_parallel,
+                 layout.processes, layout.coordinator_address, os.getpid(), [w.pid for w in workers])
+        return cls(channel.backend, channel, workers, tensor_parallel=layout.tensor_parallel > 1)
 
     def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -167,19 +190,20 @@ class DataParallelBackend:
 
     def _run_everywhere(self, method: str, *args: Any, **kwargs: Any) -> Any:
         error, result = None, None
-        if method in COLLECTIVE_CALLS:
+        collective = method in self._collective
+        if collective:
             self._channel.send((method, args, kwargs))
         try:
             result = getattr(self._local, method)(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001
             error = exc
-        if method not in COLLECTIVE_CALLS:
+        if not collective:
             if error is not None:  # refused here: nothing changed, nothing to mirror
                 raise error
             self._channel.send((method, args, kwargs))
         outcomes = self._channel.gather_outcomes(_outcome(error))
         if len(set(outcomes)) != 1:
-            raise RanksDiverged(f"{method} ended differently on the data-parallel ranks: "
+            raise RanksDiverged(f"{method} ended differently on the parallel ranks: "
                                 + "; ".join(f"rank {r}: {o[:300]}" for r, o in enumerate(outcomes)))
         if error is not None:
             raise error
@@ -197,7 +221,9 @@ class DataParallelBackend:
         os._exit(GROUP_BROKEN_EXIT)
 
     def __getattr__(self, name: str) -> Any:
-        if name in COLLECTIVE_CALLS or name in MIRRORED_CALLS:
+        if name.startswith("_"):  # not set yet (construction, copying): never a backend call
+            raise AttributeError(name)
+        if name in self._collective or name in self._mirrored_calls:
             return lambda *args, **kwargs: self._mirrored(name, *args, **kwargs)
         return getattr(self._local, name)  # reads and sampling: rank 0 alone
 
@@ -220,7 +246,7 @@ def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
         log.warning("num_inference_engines=%d has no effect with colocate_all true: sampling runs inside the "
                     "training engine; set colocate_all false for sampler engines of their own",
                     settings.num_inference_engines)
-    if settings.fully_sharded_data_parallel_size > 1:
+    if settings.fully_sharded_data_parallel_size > 1 or settings.tensor_parallel_size > 1:
         backend = DataParallelBackend.start(model_dir, settings)
     else:
         from skyrl_tx.backend.native import NativeBackend

@@ -72,6 +72,31 @@ def join_group(address: RankAddress, device: str = "cpu", timeout_s: float = 60.
     return native.Collectives(td.distributed_c10d._get_default_group())
 
 
+def join_subgroups(rank: int, tensor_parallel_groups: list[list[int]], data_parallel_groups: list[list[int]],
+                   timeout_s: float = 60.0) -> tuple[Any, Any]:
+    """After join_group: this rank's tensor-parallel and data-parallel groups as skyrl_tx._C.Collectives (None for
+    a group of one rank). Every rank makes every group, in the same order (torch.distributed.new_group's rule);
+    a group of every rank is the default group itself."""
+    native = load_extension()
+    import torch.distributed as td
+
+    world = td.get_world_size()
+    mine: list[Any] = []
+    for groups in (tensor_parallel_groups, data_parallel_groups):
+        own = None
+        for ranks in groups:
+            if len(ranks) == 1:
+                continue
+            if len(ranks) == world:
+                group = td.distributed_c10d._get_default_group()
+            else:
+                group = td.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=timeout_s))
+            if rank in ranks:
+                own = native.Collectives(group)
+        mine.append(own)
+    return mine[0], mine[1]
+
+
 def join_side_group(address: RankAddress, timeout_s: float = 60.0) -> Any:
     """A Gloo group of its own beside the process's default group (a trainer and its sampler engines: the trainer
     may also be rank 0 of a data-parallel default group). Rendezvous through its own TCPStore at `address` (rank 0
