@@ -98,7 +98,9 @@ std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string
 
 std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& model_id) const {
   std::map<std::string, at::Tensor> out;
-  for (const auto& t : trainable_tensors(model_id)) out[t.name] = whole(t, t.param).to(at::kCPU, at::kFloat, false, true);
+  for (const auto& t : trainable_tensors(model_id)) {
+    out[t.name] = whole(t, t.param).to(at::kCPU, at::kFloat, false, true);  // gathered under tensor parallelism
+  }
   return out;
 }
 

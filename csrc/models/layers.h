@@ -140,7 +140,7 @@ class SwiGluMlp : public MlpModule {
 
  private:
   const dist::TensorParallel* tp_;  // null: replicated
-  at::Tensor down_bias_;  // tensor parallel with a bias: down_proj's, added once after the sum (set by down_proj_'s init)
+  at::Tensor down_bias_;  // tensor parallel with a bias: down_proj's, added once after the sum (down_proj_ sets it)
   lora::LoraLinear gate_proj_, up_proj_, down_proj_;
 };
 

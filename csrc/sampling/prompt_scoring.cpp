@@ -108,8 +108,9 @@ void score_prompt(const models::CausalLM& model, const SampleRequest& request, i
   const at::Tensor prompt_targets = request.prompt.to(device);  // [P]
   for (int64_t start = begin; start < scored; start += chunk_tokens) {
     const int64_t length = std::min(chunk_tokens, scored - start), end = start + length;
-    at::Tensor logits = model.logits(hidden.narrow(0, start - offset, length), lora::AdapterSegments::uniform(slot, length))
-                            .to(at::kFloat);                  // [length, V]                  // [length, V]
+    at::Tensor logits =
+        model.logits(hidden.narrow(0, start - offset, length), lora::AdapterSegments::uniform(slot, length))
+            .to(at::kFloat);  // [length, V]
     at::Tensor log_probs = at::log_softmax(logits, -1);     // [length, V]
     const int64_t lo = std::max(start, logprob_begin);      // logprob rows of this chunk: [lo, end)
     if (wants_logprobs && lo < end) {

@@ -70,7 +70,7 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
     config = {**DISAGGREGATED, "fully_sharded_data_parallel_size": trainer_ranks}
     with live_server(backend_config=config) as url:
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
-        assert ("data parallel: 2 ranks" in url.log_tail()) == (trainer_ranks == 2), url.log_tail()
+        assert ("parallel: 2 ranks (2 data-parallel" in url.log_tail()) == (trainer_ranks == 2), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
     # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.

@@ -1,0 +1,71 @@
+"""What the parallel server tests run through the real SDK: tenants trained on ragged batches and sampled greedily
+(optionally killing a rank mid-way), and a `skyrl-tx worker` node process joining a coordinator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from engine_processes import process_state, spawned_children
+
+from skyrl_tx.bench.api import _engine_pid
+
+STEPS = 4
+TENANTS = (("a", 4, 1), ("b", 8, 2), ("full", 0, 3))  # name, LoRA rank (0: full fine-tuning), seed
+
+
+def train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: str = "engine",
+                     tenants: tuple[tuple[str, int, int], ...] = TENANTS) -> dict[str, Any]:
+    """`tenants` (by default two LoRA tenants, ranks 4 and 8, and a full fine-tune), fixed seeds, train STEPS steps
+    on ragged batches, then sample greedily. kill_after (name, step): kill -9 `kill` ("engine" or "worker", the
+    engine's first worker rank) after that tenant's step."""
+    import tinker
+    from tinker import types
+
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-dp", TINKER_TELEMETRY="0")
+    out: dict[str, Any] = {"losses": {}, "tokens": {}}
+    with tinker.ServiceClient() as service:
+        clients = {name: service.create_lora_training_client(base_model="tiny-qwen3", rank=rank, seed=seed).result()
+                   for name, rank, seed in tenants}
+        for name, client in clients.items():
+            losses = []
+            for step in range(STEPS):
+                # 3 or 5 rows of different lengths: no multiple of the rank count, unequal tokens
+                data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5 + i, 5 + i + n))),
+                                    loss_fn_inputs={"target_tokens": list(range(6 + i, 6 + i + n)),
+                                                    "weights": [1.0] * n})
+                        for i, n in enumerate([9, 4, 13, 6, 2][: 3 + 2 * (step % 2)])]
+                losses.append(client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
+                lr = 1e-3 if name == "full" else 1e-2
+                client.optim_step(types.AdamParams(learning_rate=lr)).result()
+                if kill_after == (name, step):
+                    engine = _engine_pid(url)
+                    workers = spawned_children(engine)
+                    assert workers, "the parallel engine has no worker rank"
+                    os.kill(engine if kill == "engine" else workers[0], signal.SIGKILL)
+                    deadline = time.monotonic() + 30
+                    while kill == "engine" and any(os.path.exists(f"/proc/{w}") and process_state(w) != "Z"
+                                                   for w in workers):
+                        assert time.monotonic() < deadline, "the worker rank outlived its engine"
+                        time.sleep(0.2)
+            out["losses"][name] = losses
+            sampler = client.save_weights_and_get_sampling_client().result()
+            result = sampler.sample(types.ModelInput.from_ints([5, 6, 7, 8]), 1,
+                                    types.SamplingParams(max_tokens=12, temperature=0.0)).result()
+            out["tokens"][name] = list(result.sequences[0].tokens)
+    return out
+
+
+def worker_node(port: int, process_id: int, processes: int, world: int, base_model: str = "tiny-qwen3",
+                 config: dict[str, Any] | None = None) -> Any:
+    import json
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "skyrl_tx.cli", "worker", "--coordinator-address",
+                             f"127.0.0.1:{port}", "--num-processes", str(processes), "--process-id", str(process_id),
+                             "--base-model", base_model, "--backend-config",
+                             json.dumps(config or {"fully_sharded_data_parallel_size": world})],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
