@@ -16,7 +16,9 @@ from skyrl_tx.errors import InvalidArgumentError
 SEED_KEYS = {"generator.inference_engine.num_engines": "num_inference_engines",
              "generator.inference_engine.tensor_parallel_size": "inference_engine_tensor_parallel_size",
              "trainer.placement.colocate_all": "colocate_all", "generator.colocate_all": "colocate_all",
-             "trainer.placement.policy_num_gpus_per_node": "fully_sharded_data_parallel_size"}
+             "trainer.placement.policy_num_gpus_per_node": "fully_sharded_data_parallel_size",
+             # the seed README's: rows decoding at once (its 0, "the whole batch", has no bound here: refused)
+             "sample_max_num_sequences": "max_sampling_sequences"}
 # Seed keys with no counterpart here, and what to set instead.
 SEED_KEYS_NOT_BUILT = {
     "generator.inference_engine.gpu_memory_utilization": "the KV cache is sized by max_sampling_sequences x "
@@ -36,6 +38,8 @@ class BackendSettings:
     seed: int = 0
     max_full_models: int = 1  # full fine-tuning copies (lora_rank=0) live at once
     train_micro_batch_tokens: int = 8192  # padded tokens per forward/backward micro-batch
+    # Sequences per micro-batch at most (the seed README's key, same meaning; 0: only train_micro_batch_tokens bounds)
+    train_micro_batch_size: int = 0
     gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
     max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
@@ -148,6 +152,9 @@ class BackendSettings:
                     "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb", "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
+        if self.train_micro_batch_size < 0:
+            raise InvalidArgumentError(f"--backend-config: train_micro_batch_size must be >= 0 (sequences per "
+                                       f"micro-batch; 0: no limit; got {self.train_micro_batch_size})")
         if self.num_inference_engines < 1:
             raise InvalidArgumentError(f"--backend-config: num_inference_engines must be >= 1 (got "
                                        f"{self.num_inference_engines})")

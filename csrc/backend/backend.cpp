@@ -39,6 +39,9 @@ void BackendConfig::validate() const {
                  max_full_models, ")");
   SKYRL_TX_CHECK(train_micro_batch_tokens >= 1, InvalidArgument,
                  "backend config: train_micro_batch_tokens must be >= 1 (got ", train_micro_batch_tokens, ")");
+  SKYRL_TX_CHECK(train_micro_batch_size >= 0, InvalidArgument,
+                 "backend config: train_micro_batch_size must be >= 0 (0: no limit besides train_micro_batch_tokens; "
+                 "got ", train_micro_batch_size, ")");
   SKYRL_TX_CHECK(zero_bucket_mb >= 1, InvalidArgument, "backend config: zero_bucket_mb must be >= 1 (got ",
                  zero_bucket_mb, ")");
   parse_dtype(dtype);

@@ -175,6 +175,8 @@ class Backend {
   std::map<std::string, optim::ZeroAdamState> zero_optimizers_;  // one per full model while data parallel
   std::map<std::string, optim::DimuonState> dimuon_;    // one per Dimuon model id (its presence = the kind)
   void free_grads(const std::string& model_id);
+  /// A frozen model from whole weights, or from this rank's parts (`parts`: a snapshot of a split full fine-tune).
+  void add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts);
 
   struct Snapshot {
     lora::LoraConfig config;

@@ -15,6 +15,7 @@ struct BackendConfig {
   uint64_t seed = 0;
   int64_t max_full_models = 1;              // full fine-tuning copies (lora_rank = 0) live at once
   int64_t train_micro_batch_tokens = 8192;  // padded tokens per forward/backward micro-batch
+  int64_t train_micro_batch_size = 0;       // at most this many sequences per micro-batch too (the seed key); 0: any
   bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
   int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
   int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence

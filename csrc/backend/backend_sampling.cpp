@@ -29,7 +29,7 @@ void Backend::snapshot_adapter(const std::string& adapter_id, const std::string&
     models::WeightMap weights;  // a frozen device copy: later optim_steps must not change what it samples
     c10::NoGradGuard no_grad;
     for (const auto& [name, tensor] : full->second->named_parameters()) weights[name] = tensor.detach().clone();
-    load_frozen_model(snapshot_id, std::move(weights));
+    add_frozen_model(snapshot_id, std::move(weights), /*parts=*/tensor_parallel().enabled());
     return;
   }
   const int64_t slot = registry_.slot_of(adapter_id);
@@ -180,10 +180,17 @@ std::map<int64_t, std::vector<std::vector<int64_t>>> Backend::sample_progress(
 
 std::vector<std::pair<int64_t, sampling::SampleResult>> Backend::sample_step() {
   std::vector<std::pair<int64_t, sampling::SampleResult>> finished = std::exchange(unclaimed_samples_, {});
-  for (auto& [model, generator] : generators_) {
-    if (generator->idle()) continue;
+  // The base model, then full models and frozen ones by id: not by address, so tensor-parallel ranks (whose models
+  // live at different addresses) step them, and run their collectives, in the same order.
+  std::vector<const models::CausalLM*> order{model_.get()};
+  for (const auto& [id, model] : full_models_) order.push_back(model.get());
+  for (const auto& [id, model] : frozen_models_) order.push_back(model.get());
+  for (const models::CausalLM* model : order) {
+    auto found = generators_.find(model);
+    if (found == generators_.end() || found->second->idle()) continue;
+    sampling::Generator* generator = found->second.get();
     for (auto& [local, result] : generator->step()) {
-      auto it = sample_ids_.find({generator.get(), local});
+      auto it = sample_ids_.find({generator, local});
       finished.emplace_back(it->second, std::move(result));
       sample_ids_.erase(it);
     }

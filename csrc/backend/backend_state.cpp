@@ -122,11 +122,11 @@ void Backend::set_trainable_state(const std::string& model_id, const std::map<st
     set_adapter_weights(model_id, weights);
     return;
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> updates;  // (parameter, new value)
+  std::vector<std::pair<at::Tensor, at::Tensor>> updates;  // (parameter, new value: this rank's part)
   std::set<std::string> known;
-  for (const auto& [name, param] : full->second->named_parameters()) {
-    known.insert(name);
-    updates.push_back({param, expect_tensor(weights, name, param.sizes(), "load weights")});
+  for (const optim::TrainableTensor& t : trainable_tensors(model_id)) {
+    known.insert(t.name);
+    updates.push_back({t.param, part(t, expect_tensor(weights, t.name, whole_shape(t), "load weights"))});
   }
   reject_unknown(weights, known, "load weights");
   c10::NoGradGuard no_grad;
@@ -160,22 +160,28 @@ void Backend::load_snapshot(const std::string& snapshot_id, const lora::LoraConf
 }
 
 void Backend::load_frozen_model(const std::string& snapshot_id, models::WeightMap weights) {
+  add_frozen_model(snapshot_id, std::move(weights), /*parts=*/false);
+}
+
+void Backend::add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts) {
   SKYRL_TX_CHECK(!snapshot_id.empty() && !snapshots_.count(snapshot_id) && !registry_.contains(snapshot_id) &&
                      !full_models_.count(snapshot_id) && !frozen_models_.count(snapshot_id),
                  Conflict, "snapshot: id '", snapshot_id, "' is empty or already in use");
   models::ModelOptions options = model_->options();
   options.num_slots = 1;  // sampled as is: no LoRA slots of its own
   options.max_rank = 1;
+  options.weights_are_parts = parts;
   frozen_models_[snapshot_id] = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
 }
 
 std::map<std::string, at::Tensor> Backend::frozen_model_weights(const std::string& snapshot_id) const {
   auto it = frozen_models_.find(snapshot_id);
   SKYRL_TX_CHECK(it != frozen_models_.end(), NotFound, "frozen model '", snapshot_id, "' is not loaded");
-  SKYRL_TX_CHECK(!tensor_parallel().enabled(), Unimplemented, "frozen_model_weights: a tensor-parallel rank holds "
-                 "parts of a frozen model; read its checkpoint instead");
   std::map<std::string, at::Tensor> out;
-  for (const auto& [name, tensor] : it->second->named_parameters()) out[name] = tensor.detach().to(at::kCPU);
+  for (const auto& [name, tensor] : it->second->named_parameters()) {  // whole: gathered under tensor parallelism
+    const auto [dim, size] = it->second->parameter_split(name);
+    out[name] = (dim >= 0 ? tensor_parallel().gather(tensor.detach(), dim, size) : tensor.detach()).to(at::kCPU);
+  }
   return out;
 }
 

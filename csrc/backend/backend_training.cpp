@@ -24,9 +24,9 @@ void Backend::create_full_model(const std::string& model_id) {
   SKYRL_TX_CHECK(static_cast<int64_t>(full_models_.size()) < config_.max_full_models, ResourceExhausted,
                  "create_model: ", full_models_.size(), " full fine-tuning model(s) already loaded (max_full_models=",
                  config_.max_full_models, "); unload one, use LoRA (lora_rank > 0), or raise max_full_models");
-  SKYRL_TX_CHECK(!tensor_parallel().enabled(), InvalidArgument, "create_model: full fine-tuning (lora_rank 0) is not "
-                 "split over tensor-parallel ranks yet; use LoRA, or tensor_parallel_size 1 with "
-                 "fully_sharded_data_parallel_size (ZeRO) for several devices");
+  SKYRL_TX_CHECK(!tensor_parallel().enabled() || !data_parallel(), InvalidArgument, "create_model: full "
+                 "fine-tuning (lora_rank 0) with both tensor_parallel_size and fully_sharded_data_parallel_size above "
+                 "1 is not built yet; use one of them, or LoRA");
   models::WeightMap weights;
   {
     c10::NoGradGuard no_grad;
@@ -35,6 +35,7 @@ void Backend::create_full_model(const std::string& model_id) {
   models::ModelOptions options = model_->options();
   options.num_slots = 1;  // no LoRA slots of its own; slot 0 only
   options.max_rank = 1;
+  options.weights_are_parts = tensor_parallel().enabled();  // a copy of this rank's parts
   auto model = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
   for (const auto& [name, tensor] : model->named_parameters()) tensor.requires_grad_(true);
   full_models_[model_id] = std::move(model);
@@ -44,6 +45,9 @@ void Backend::create_full_model(const std::string& model_id) {
 void Backend::attach_collectives(std::shared_ptr<dist::Collectives> group) {
   SKYRL_TX_CHECK(zero_optimizers_.empty() || (group && group->world_size() > 1), InvalidArgument,
                  "attach_collectives: full models hold ZeRO-sharded optimizer state; it cannot leave the group");
+  SKYRL_TX_CHECK(full_models_.empty() || !tensor_parallel().enabled() || !group || group->world_size() == 1,
+                 InvalidArgument, "attach_collectives: full fine-tuning with both tensor and data parallelism is not "
+                 "built yet");
   collectives_ = std::move(group);
   if (!data_parallel()) return;
   for (const auto& [model_id, model] : full_models_) {
@@ -83,7 +87,10 @@ void Backend::remove_model(const std::string& model_id) {
 std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string& model_id) const {
   std::vector<optim::TrainableTensor> out;
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
-    for (const auto& [name, tensor] : it->second->named_parameters()) out.push_back({name, tensor, tensor.grad()});
+    for (const auto& [name, tensor] : it->second->named_parameters()) {
+      const auto [dim, size] = it->second->parameter_split(name);  // (-1, 0) without tensor parallelism
+      out.push_back({name, tensor, tensor.grad(), dim, size});
+    }
     return out;
   }
   const int64_t slot = registry_.slot_of(model_id);
@@ -227,9 +234,17 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   for (size_t r = 0; r < requests.size(); ++r) results[r].loss_fn_outputs.resize(requests[r].data.size());
   std::vector<double> loss_sums(requests.size(), 0.0);
 
-  // Rows of the shared base (all LoRA tenants together) form one group; each full model its own.
-  std::map<const models::CausalLM*, std::vector<size_t>> groups;
-  for (size_t i = 0; i < rows.size(); ++i) groups[request_model[rows[i].request]].push_back(i);
+  // Rows of the shared base (all LoRA tenants together) form one group; each full model its own. In a fixed order
+  // (the base, then full models by id), not by address: parallel ranks must run their collectives in the same order.
+  std::vector<std::pair<const models::CausalLM*, std::vector<size_t>>> groups;
+  {
+    std::map<const models::CausalLM*, std::vector<size_t>> rows_of;
+    for (size_t i = 0; i < rows.size(); ++i) rows_of[request_model[rows[i].request]].push_back(i);
+    if (rows_of.count(model_.get())) groups.emplace_back(model_.get(), std::move(rows_of[model_.get()]));
+    for (const auto& [id, full] : full_models_) {
+      if (rows_of.count(full.get())) groups.emplace_back(full.get(), std::move(rows_of[full.get()]));
+    }
+  }
   MicroBatchOptions options{train, config_.gradient_checkpointing, config_.logprobs_chunk_tokens};
   // All-or-nothing: the batch accumulates into fresh gradients, added to the models' pending ones only once
   // every micro-batch has succeeded; if one throws, the transaction's destructor restores them exactly, so
@@ -241,10 +256,12 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     for (size_t r = 0; r < requests.size(); ++r) {
       if (request_slot[r] != 0) slots.insert(request_slot[r]);
     }
-    // By model id, not by `groups`' pointer order: data-parallel ranks must sum the same models' gradients in the
-    // same order, and their models live at different addresses.
+    // By model id (the groups' order): parallel ranks must sum the same models' gradients in the same order, and
+    // their models live at different addresses.
     for (const auto& [id, full] : full_models_) {
-      if (groups.count(full.get())) full_models.push_back({full.get(), zero_state(id)});
+      for (const auto& group : groups) {
+        if (group.first == full.get()) full_models.push_back({full.get(), zero_state(id)});
+      }
     }
     grads.emplace(*model_, slots, full_models);
   }
@@ -258,7 +275,8 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
       if (mine[id]) row_ids.push_back(id);
     }
     if (row_ids.empty()) continue;
-    for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens)) {
+    for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens,
+                                                                     config_.train_micro_batch_size)) {
       std::vector<const batching::TrainRow*> batch_rows;
       std::vector<int64_t> slots;
       for (size_t id : micro) {

@@ -33,7 +33,9 @@ GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<in
     if (full.zero) sharded_.push_back({full.zero, {}, {}});
     for (const auto& [name, param] : full.model->named_parameters()) {
       if (full.zero && !models::is_buffer_name(name)) sharded_.back().stepped.push_back(param);
-      if (seen.insert(param.unsafeGetTensorImpl()).second) params_.push_back({param, at::Tensor(), full.zero != nullptr});
+      if (seen.insert(param.unsafeGetTensorImpl()).second) {
+        params_.push_back({param, at::Tensor(), full.zero != nullptr, full.model->partial_gradient(name)});
+      }
     }
   }
   // Only now, with nothing left that allocates (and could throw before a destructor exists to undo it),
@@ -72,6 +74,11 @@ void GradTransaction::sum_partial_over(const dist::TensorParallel& tp) {
     if (!g.module->slot_enabled(g.slot)) continue;
     if (g.split == dist::TpSplit::kColumn) partial.push_back(g.module->slot_grad_a(g.slot));
     if (g.split == dist::TpSplit::kRow) partial.push_back(g.module->slot_grad_b(g.slot));
+  }
+  for (ParamGrad& p : params_) {
+    if (!p.partial) continue;
+    if (!p.param.grad().defined()) p.param.mutable_grad() = at::zeros_like(p.param);
+    partial.push_back(p.param.grad());
   }
   tp.group().all_reduce_sum_flat(partial);
 }

@@ -64,6 +64,7 @@ class GradTransaction {
     at::Tensor param;
     at::Tensor before;  // .grad before the batch; undefined if none
     bool sharded = false;  // a ZeRO model's: reduce-scattered, not all-reduced
+    bool partial = false;  // tensor parallel: replicated, with this rank's share of its gradient (q/k norms)
   };
   struct ShardedBatch {
     optim::ZeroAdamState* zero;

@@ -114,13 +114,15 @@ std::vector<TrainRow> validate_requests(const std::vector<TrainRequest>& request
 }
 
 std::vector<std::vector<size_t>> plan_micro_batches(const std::vector<TrainRow>& rows,
-                                                    const std::vector<size_t>& row_ids, int64_t token_budget) {
+                                                    const std::vector<size_t>& row_ids, int64_t token_budget,
+                                                    int64_t max_rows) {
   std::vector<size_t> order = row_ids;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a].length() > rows[b].length(); });
   std::vector<std::vector<size_t>> batches;
   int64_t longest = 0;  // rows arrive longest first, so a batch's padded length is its first row's
   for (size_t id : order) {
-    if (batches.empty() || static_cast<int64_t>(batches.back().size() + 1) * longest > token_budget) {
+    const int64_t next_rows = batches.empty() ? 0 : static_cast<int64_t>(batches.back().size()) + 1;
+    if (batches.empty() || next_rows * longest > token_budget || (max_rows > 0 && next_rows > max_rows)) {
       batches.emplace_back();
       longest = rows[id].length();
     }

@@ -56,9 +56,11 @@ struct TrainRow {
 std::vector<TrainRow> validate_requests(const std::vector<TrainRequest>& requests);
 
 /// Splits row indices into micro-batches whose padded size (rows × longest row) stays within
-/// `token_budget`; a single longer row gets a micro-batch of its own. Longest rows first.
+/// `token_budget`, and of at most `max_rows` rows (0: no row limit); a single longer row gets a micro-batch of its
+/// own. Longest rows first.
 std::vector<std::vector<size_t>> plan_micro_batches(const std::vector<TrainRow>& rows,
-                                                    const std::vector<size_t>& row_ids, int64_t token_budget);
+                                                    const std::vector<size_t>& row_ids, int64_t token_budget,
+                                                    int64_t max_rows = 0);
 
 /// Packs rows (with their adapter slots) into a padded batch plus flat [B * T] per-token loss inputs.
 std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<const TrainRow*>& rows,

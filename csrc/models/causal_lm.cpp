@@ -40,24 +40,27 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
       options_(options),
       vocab_shard_(options.tensor_parallel.shard(config.vocab_size)),
       rope_(config_, options.device) {
-  WeightStore store(std::move(weights), options.dtype, options.device);
+  WeightStore store(std::move(weights), options.dtype, options.device, options.weights_are_parts);
   const dist::TensorParallel& tp = options_.tensor_parallel;
   BuildContext ctx{store, options.num_slots, options.max_rank, tp};
   // Vocabulary-parallel: rows [vocab_shard_.begin, + length) of the embedding and of the lm_head.
-  embed_tokens_ = tp.narrow(store.take("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}), 0);
+  embed_tokens_ = store.take_part("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}, 0, tp);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_.push_back(std::make_unique<DecoderLayer>(config, ctx, str_cat("model.layers.", i), i));
   }
   norm_ = std::make_unique<RmsNorm>(store.take("model.norm.weight", {config.hidden_size}), config.rms_norm_eps,
                                     find_architecture(config.architecture).zero_centered_norm);
-  at::Tensor head = config.tie_word_embeddings
-                        ? store.take_optional("lm_head.weight", {config.vocab_size, config.hidden_size})
-                        : store.take("lm_head.weight", {config.vocab_size, config.hidden_size});
-  // Tied checkpoints usually omit lm_head.weight; some repeat it. Either way tied means "use the embedding".
-  if (config.tie_word_embeddings) head = embed_tokens_;
-  else head = tp.narrow(head, 0);
+  at::Tensor head;
+  if (config.tie_word_embeddings) {
+    // Tied checkpoints usually omit lm_head.weight; some repeat it. Either way tied means "use the embedding".
+    store.take_optional("lm_head.weight", {config.vocab_size, config.hidden_size});
+    head = embed_tokens_;
+  } else {
+    head = store.take_part("lm_head.weight", {config.vocab_size, config.hidden_size}, 0, tp);
+  }
   lm_head_ = std::make_unique<lora::LoraLinear>(head, at::Tensor(), options.num_slots, options.max_rank);
   store.finish();
+  parameter_splits_ = store.splits();
 
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_[i]->collect_lora(str_cat("model.layers.", i), lora_modules_);
@@ -109,6 +112,20 @@ at::Tensor CausalLM::layer_forward(int64_t layer, const at::Tensor& h, const at:
 at::Tensor CausalLM::final_norm(const at::Tensor& h) const {
   at::Tensor normed = norm_->forward(h);
   return normed.reshape({-1, normed.size(-1)});
+}
+
+std::pair<int64_t, int64_t> CausalLM::parameter_split(const std::string& name) const {
+  auto it = parameter_splits_.find(name);
+  return it == parameter_splits_.end() ? std::pair<int64_t, int64_t>{-1, 0} : it->second;
+}
+
+bool CausalLM::partial_gradient(const std::string& name) const {
+  if (!options_.tensor_parallel.enabled()) return false;
+  const auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with(".self_attn.q_norm.weight") || ends_with(".self_attn.k_norm.weight");
 }
 
 std::vector<NamedParameter> CausalLM::named_parameters() const {

@@ -3,7 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/tensor_parallel.h"
@@ -20,6 +23,8 @@ struct ModelOptions {
   at::Device device = at::kCPU;
   /// Heads, MLP columns and the vocabulary split over this group (dense GQA models; size 1: not split).
   dist::TensorParallel tensor_parallel;
+  /// The weights given are already this rank's parts (a copy of a split model: a full fine-tune, a snapshot).
+  bool weights_are_parts = false;
 };
 
 class CausalLM {
@@ -51,7 +56,13 @@ class CausalLM {
   /// The KV heads this rank caches (its share under tensor parallelism).
   int64_t local_kv_heads() const { return config_.cache_kv_heads() / options_.tensor_parallel.size(); }
   /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
+  /// Under tensor parallelism a split tensor is this rank's part (parameter_split says which).
   std::vector<NamedParameter> named_parameters() const;
+  /// Tensor parallelism: the dimension of `name` this rank holds a part of and its whole size; (-1, 0): whole.
+  std::pair<int64_t, int64_t> parameter_split(const std::string& name) const;
+  /// Tensor parallelism: a replicated tensor whose gradient is this rank's share only (the per-head q/k norms see
+  /// only this rank's heads), summed over the group after each batch.
+  bool partial_gradient(const std::string& name) const;
   /// Every LoRA-capable linear with its HF module path and target group (stable order).
   const std::vector<NamedLoraModule>& lora_modules() const { return lora_modules_; }
   /// Every LoRA module's row-dense inference factors brought up to date (see LoraLinear::prepare_inference):
@@ -75,6 +86,7 @@ class CausalLM {
   std::unique_ptr<lora::LoraLinear> lm_head_;  // weight shares storage with embed_tokens_ when tied
   RotaryEmbedding rope_;
   std::vector<NamedLoraModule> lora_modules_;
+  std::map<std::string, std::pair<int64_t, int64_t>> parameter_splits_;  // name → (dimension, whole size)
   bool cuda_graph_capturable_ = true;
 };
 

@@ -23,8 +23,27 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device)
-    : weights_(std::move(weights)), dtype_(dtype), device_(device) {}
+WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts)
+    : weights_(std::move(weights)), dtype_(dtype), device_(device), holds_parts_(holds_parts) {}
+
+at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape, int64_t dim,
+                                  const dist::TensorParallel& tp) {
+  if (!tp.enabled()) return take(name, shape);
+  splits_[name] = {dim, shape[dim]};
+  const dist::Shard shard = tp.shard(shape[dim]);
+  std::vector<int64_t> part_shape(shape.begin(), shape.end());
+  part_shape[dim] = shard.length;
+  if (holds_parts_) return take(name, part_shape);
+  auto it = weights_.find(name);
+  if (it == weights_.end() || it->second.sizes() != shape) {  // recorded as missing or mis-shaped
+    return take(name, shape).narrow(dim, shard.begin, shard.length);
+  }
+  at::Tensor whole = std::move(it->second);
+  weights_.erase(it);
+  // A copy of the part only: the whole tensor (often a memory-mapped file) is never moved to the device.
+  return whole.narrow(dim, shard.begin, shard.length).to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true)
+      .contiguous();
+}
 
 at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef shape) {
   auto it = weights_.find(name);

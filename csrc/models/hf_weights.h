@@ -3,9 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
+
+#include "dist/tensor_parallel.h"
 
 namespace skyrl_tx::models {
 
@@ -15,13 +19,20 @@ using WeightMap = std::unordered_map<std::string, at::Tensor>;
 /// InvalidArgument that lists every problem at once, so a bad checkpoint is diagnosed in one try.
 class WeightStore {
  public:
-  WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device);
+  /// holds_parts: the tensors are already one tensor-parallel rank's parts (a copy of a split model), not whole.
+  WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts = false);
 
   /// Removes `name` and returns it cast to the compute dtype on the device. A missing or mis-shaped
   /// key is recorded and a zero placeholder of `shape` returned so construction can continue.
   at::Tensor take(const std::string& name, at::IntArrayRef shape);
   /// Like take, but a missing key is fine (returns an undefined tensor), e.g. lm_head when tied.
   at::Tensor take_optional(const std::string& name, at::IntArrayRef shape);
+  /// Tensor parallelism: this rank's part along `dim` of `name`, whose whole shape is `shape` (cut on the host,
+  /// before the copy to the device), or the part itself when the store holds parts. Records the split (splits()).
+  /// A group of one: take().
+  at::Tensor take_part(const std::string& name, at::IntArrayRef shape, int64_t dim, const dist::TensorParallel& tp);
+  /// Every tensor taken in parts: name → (dimension, whole size).
+  const std::map<std::string, std::pair<int64_t, int64_t>>& splits() const { return splits_; }
   /// Throws InvalidArgument listing missing, mis-shaped and unexpected keys (rotary inv_freq buffers ignored).
   void finish() const;
 
@@ -29,6 +40,8 @@ class WeightStore {
   WeightMap weights_;
   at::ScalarType dtype_;
   at::Device device_;
+  bool holds_parts_;
+  std::map<std::string, std::pair<int64_t, int64_t>> splits_;
   std::vector<std::string> missing_;
   std::vector<std::string> mismatched_;
 };

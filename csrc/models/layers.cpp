@@ -23,14 +23,14 @@ lora::LoraLinear make_parallel_linear(BuildContext& ctx, const std::string& pref
                                       bool bias, dist::TpSplit split, at::Tensor* row_bias) {
   const dist::TensorParallel& tp = ctx.tensor_parallel;
   if (!tp.enabled() || split == dist::TpSplit::kReplicated) return make_lora_linear(ctx, prefix, out, in, bias);
-  at::Tensor b = bias ? ctx.weights.take(prefix + ".bias", {out}) : at::Tensor();
   if (split == dist::TpSplit::kColumn) {  // [out / tp, in], bias [out / tp]
-    at::Tensor w = tp.narrow(ctx.weights.take(prefix + ".weight", {out, in}), 0);
-    return lora::LoraLinear(std::move(w), b.defined() ? tp.narrow(b, 0) : b, ctx.num_slots, ctx.max_rank);
+    at::Tensor w = ctx.weights.take_part(prefix + ".weight", {out, in}, 0, tp);
+    at::Tensor b = bias ? ctx.weights.take_part(prefix + ".bias", {out}, 0, tp) : at::Tensor();
+    return lora::LoraLinear(std::move(w), std::move(b), ctx.num_slots, ctx.max_rank);
   }
   SKYRL_TX_INTERNAL_ASSERT(row_bias != nullptr || !bias, "row-parallel linear with a bias needs row_bias");
-  if (bias) *row_bias = b;
-  at::Tensor w = tp.narrow(ctx.weights.take(prefix + ".weight", {out, in}), 1);  // [out, in / tp]
+  if (bias) *row_bias = ctx.weights.take(prefix + ".bias", {out});  // replicated
+  at::Tensor w = ctx.weights.take_part(prefix + ".weight", {out, in}, 1, tp);  // [out, in / tp]
   return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);
 }
 

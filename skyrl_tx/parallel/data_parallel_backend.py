@@ -44,8 +44,8 @@ COLLECTIVE_CALLS = ("forward_backward", "forward", "optim_step", "optimizer_stat
 MIRRORED_CALLS = ("create_model", "create_adapter", "remove_model", "remove_adapter", "set_adapter_weights",
                   "load_peft_adapter", "set_trainable_state", "set_optimizer_state", "restore_optimizer")
 # With tensor parallelism: calls that compute with the sharded weights or gather them, and sampling state changes.
-TENSOR_PARALLEL_COLLECTIVE_CALLS = ("trainable_state", "adapter_state_dict", "sample_step", "sample",
-                                    "token_logprobs")
+TENSOR_PARALLEL_COLLECTIVE_CALLS = ("trainable_state", "adapter_state_dict", "frozen_model_weights", "sample_step",
+                                    "sample", "token_logprobs")
 TENSOR_PARALLEL_MIRRORED_CALLS = ("snapshot", "load_snapshot", "load_frozen_model", "remove_snapshot",
                                   "submit_sample")
 COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank

@@ -83,3 +83,21 @@ def test_backend_settings_accept_the_seed_placement_keys_as_written() -> None:
     seed_readme = BackendSettings.from_json('{"trainer.placement.policy_num_gpus_per_node": 4, '
                                             '"generator.inference_engine.num_engines": 4}')
     assert (seed_readme.fully_sharded_data_parallel_size, seed_readme.colocate_all) == (4, True)
+
+
+def test_backend_settings_accept_the_seed_readme_examples_as_written() -> None:
+    """The seed README's multi-node example, key for key: every key means what it says there."""
+    settings = BackendSettings.from_json('{"max_lora_adapters": 3, "max_lora_rank": 1, "tensor_parallel_size": 4, '
+                                         '"fully_sharded_data_parallel_size": 2, "train_micro_batch_size": 8, '
+                                         '"sample_max_num_sequences": 256, "coordinator_address": "node0:7777", '
+                                         '"num_processes": 2}')
+    assert (settings.max_lora_adapters, settings.max_lora_rank, settings.tensor_parallel_size,
+            settings.fully_sharded_data_parallel_size, settings.train_micro_batch_size,
+            settings.max_sampling_sequences, settings.coordinator_address, settings.num_processes) == \
+        (3, 1, 4, 2, 8, 256, "node0:7777", 2)
+    for bad, field in (('{"tensor_parallel_size": 0}', "tensor_parallel_size"),
+                       ('{"train_micro_batch_size": -1}', "train_micro_batch_size"),
+                       ('{"sample_max_num_sequences": 0}', "max_sampling_sequences"),
+                       ('{"sample_max_num_sequences": 8, "max_sampling_sequences": 8}', "sample_max_num_sequences")):
+        with pytest.raises(InvalidArgumentError, match=field):
+            BackendSettings.from_json(bad)

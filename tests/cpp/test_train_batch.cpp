@@ -175,6 +175,13 @@ TEST(TrainBatchTest, PlanMicroBatchesRespectsBudgetAndCoversEveryRow) {
     if (budget == 1000) EXPECT_EQ(batches.size(), 1u);
     if (budget == 1) EXPECT_EQ(batches.size(), rows.size());
   }
+  // A row limit too (the seed's train_micro_batch_size): never more rows, the token budget still holds.
+  for (int64_t max_rows : {1, 3}) {
+    auto limited = plan_micro_batches(rows, ids, 1000, max_rows);
+    EXPECT_EQ(limited.size(), (rows.size() + max_rows - 1) / max_rows);
+    for (const auto& b : limited) EXPECT_LE(static_cast<int64_t>(b.size()), max_rows);
+  }
+  EXPECT_EQ(plan_micro_batches(rows, ids, 16, 100), plan_micro_batches(rows, ids, 16));
   // A subset of ids: only those rows appear.
   auto batches = plan_micro_batches(rows, {1, 4, 10}, 16);
   std::vector<size_t> all;

@@ -15,7 +15,7 @@ from tinker import types
 
 ADAM = types.AdamParams(learning_rate=1e-3)
 DP = {"fully_sharded_data_parallel_size": 2, "max_full_models": 2}
-TP = {"tensor_parallel_size": 2}
+TP = {"tensor_parallel_size": 2, "max_full_models": 2}
 ONE = {"max_full_models": 2}
 STEPS = 2
 
@@ -31,7 +31,7 @@ def _session(url) -> object:
     return tinker.ServiceClient()
 
 
-@pytest.mark.parametrize("lora_rank,layout", [(0, DP), (4, TP)], ids=["full-dp2", "lora-tp2"])
+@pytest.mark.parametrize("lora_rank,layout", [(0, DP), (4, TP), (0, TP)], ids=["full-dp2", "lora-tp2", "full-tp2"])
 def test_a_model_resumes_across_layouts(preset_cache, tmp_path, lora_rank: int, layout: dict) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()

@@ -1,17 +1,16 @@
 """Through the real tinker SDK: a server started with --backend-config '{"tensor_parallel_size": 2}' (the engine and
 one worker rank, each holding half of every layer's heads and MLP columns and half the vocabulary) trains two LoRA
-tenants and samples exactly as a one-process server does; on two node processes as well (`skyrl-tx worker` joining
-the coordinator as a second node would); a kill -9 of the worker rank restarts the group with the same weights; and
-full fine-tuning, not split yet, is refused by name."""
+tenants and a full fine-tune and samples exactly as a one-process server does; on two node processes as well
+(`skyrl-tx worker` joining the coordinator as a second node would); and a kill -9 of the worker rank restarts the
+group with the same weights."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-import tinker
 from live_server import free_port, live_server
-from parallel_runs import train_and_sample, worker_node
+from parallel_runs import TENANTS, train_and_sample, worker_node
 
 from skyrl_tx.bench.live_server import healthy
 
@@ -20,42 +19,39 @@ LORA_TENANTS = (("a", 4, 1), ("b", 8, 2))
 
 
 @pytest.fixture(scope="module")
-def one_process_lora_run(preset_cache) -> dict[str, Any]:
+def one_process_run(preset_cache) -> dict[str, Any]:
     with live_server() as url:
-        return train_and_sample(url, tenants=LORA_TENANTS)
+        return train_and_sample(url)
 
 
 def _assert_one_process_results(got: dict[str, Any], one_process: dict[str, Any]) -> None:
-    for name, losses in one_process["losses"].items():
-        assert got["losses"][name] == pytest.approx(losses, rel=1e-5), name
-    assert got["tokens"] == one_process["tokens"]
+    assert got["losses"], got
+    for name, losses in got["losses"].items():  # the tenants of this run, each independent of the others
+        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
+        assert got["tokens"][name] == one_process["tokens"][name], name
 
 
-def test_tensor_parallel_server_equals_one_process(preset_cache, one_process_lora_run) -> None:
+def test_tensor_parallel_server_equals_one_process(preset_cache, one_process_run) -> None:
     with live_server(backend_config=TP) as url:
         assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(), url.log_tail()
-        got = train_and_sample(url, tenants=LORA_TENANTS)
-        with tinker.ServiceClient() as service:  # full fine-tuning: a clear user error, not a crash
-            with pytest.raises(tinker.RequestFailedError, match="not split over tensor-parallel ranks yet") as info:
-                service.create_lora_training_client(base_model="tiny-qwen3", rank=0).result()
-            assert info.value.category == "user", info.value
-        assert healthy(url)
-    _assert_one_process_results(got, one_process_lora_run)
+        got = train_and_sample(url, tenants=TENANTS)
+    assert set(got["losses"]) == {"a", "b", "full"}
+    _assert_one_process_results(got, one_process_run)
 
 
 def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights(preset_cache,
-                                                                                 one_process_lora_run) -> None:
-    """kill -9 of the worker rank (half of every layer) after tenant b's second step: the engine's next collective
-    fails, the group restarts, every rank restores its part of the newest recovery snapshot, and the run ends as an
-    undisturbed one."""
+                                                                                 one_process_run) -> None:
+    """kill -9 of the worker rank (half of every layer) after the full fine-tune's second step: the engine's next
+    collective fails, the group restarts, every rank restores its part of the newest recovery snapshot (weights and
+    AdamW moments), and the run ends as an undisturbed one."""
     with live_server(backend_config=TP) as url:
-        got = train_and_sample(url, kill_after=("b", 1), kill="worker", tenants=LORA_TENANTS)
+        got = train_and_sample(url, kill_after=("full", 1), kill="worker", tenants=TENANTS)
         assert healthy(url)
         assert "broke the group" in url.log_tail(400), url.log_tail()
-    _assert_one_process_results(got, one_process_lora_run)
+    _assert_one_process_results(got, one_process_run)
 
 
-def test_tensor_parallel_over_two_node_processes(preset_cache, one_process_lora_run) -> None:
+def test_tensor_parallel_over_two_node_processes(preset_cache, one_process_run) -> None:
     """The seed README's multi-node form: the engine's node runs rank 0, `skyrl-tx worker --process-id 1` rank 1."""
     port = free_port()
     config = {"tensor_parallel_size": 2, "num_processes": 2, "coordinator_address": f"127.0.0.1:{port}"}
@@ -68,4 +64,4 @@ def test_tensor_parallel_over_two_node_processes(preset_cache, one_process_lora_
     finally:
         node.kill()
         node.wait(30)
-    _assert_one_process_results(got, one_process_lora_run)
+    _assert_one_process_results(got, one_process_run)
