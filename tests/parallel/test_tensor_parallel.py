@@ -198,9 +198,32 @@ def _assert_same(got: dict, single: dict, what: str) -> None:
         np.testing.assert_allclose(o, e, atol=1e-5, err_msg=f"{what} token_logprobs")
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3"])
-def test_tensor_parallel_equals_one_process(tiny_model_dir, preset: str) -> None:
-    model_dir = str(tiny_model_dir(preset))
+def _odd_vocabulary_copy(source, dest):
+    """tiny-qwen3 with its last vocabulary row dropped (2111 rows): the ranks' vocabulary parts are unequal (1056 and
+    1055), as they are for any vocabulary the rank count does not divide."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config["vocab_size"] -= 1
+    (dest / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(dest / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in weights:
+            weights[name] = weights[name][:-1].contiguous()
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3", "odd-vocabulary"])
+def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: str) -> None:
+    if preset == "odd-vocabulary":
+        model_dir = str(_odd_vocabulary_copy(tiny_model_dir("tiny-qwen3"), tmp_path / "tiny-qwen3-odd-vocabulary"))
+    else:
+        model_dir = str(tiny_model_dir(preset))
     single = _run_ranks(model_dir, 1, 1)[0]
     assert isinstance(single, dict), single
     ranks = _run_ranks(model_dir, 2, 2, checkpoint=single["initial"]["b"])
