@@ -52,25 +52,30 @@ def _run(url) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["one-trainer-rank", "two-trainer-ranks"])
-def trainer_ranks(request) -> int:
+TRAINER_LAYOUTS = {"one-trainer-rank": {}, "two-data-parallel-ranks": {"fully_sharded_data_parallel_size": 2},
+                   "two-tensor-parallel-ranks": {"tensor_parallel_size": 2}}
+
+
+@pytest.fixture(scope="module", params=list(TRAINER_LAYOUTS))
+def trainer_layout(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
-def colocated(preset_cache, trainer_ranks: int) -> dict[str, Any]:
-    """The reference: a colocated server with the same trainer layout (data-parallel training sums gradients in
-    another order than one process: its weights agree to 1e-5, not bit for bit)."""
-    with live_server(backend_config={**COLOCATED, "fully_sharded_data_parallel_size": trainer_ranks}) as url:
+def colocated(preset_cache, trainer_layout: str) -> dict[str, Any]:
+    """The reference: a colocated server with the same trainer layout (parallel training sums gradients in another
+    order than one process: its weights agree to 1e-5, not bit for bit)."""
+    with live_server(backend_config={**COLOCATED, **TRAINER_LAYOUTS[trainer_layout]}) as url:
         return _run(url)
 
 
-def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated, trainer_ranks: int) -> None:
-    """Also with the trainer as 2 data-parallel ranks: the sync group is a group of its own beside theirs."""
-    config = {**DISAGGREGATED, "fully_sharded_data_parallel_size": trainer_ranks}
+def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated, trainer_layout: str) -> None:
+    """Also with the trainer as 2 data-parallel or 2 tensor-parallel ranks: the sync group is a group of its own
+    beside theirs, and a tensor-parallel trainer's parts reach the engines whole."""
+    config = {**DISAGGREGATED, **TRAINER_LAYOUTS[trainer_layout]}
     with live_server(backend_config=config) as url:
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
-        assert ("parallel: 2 ranks (2 data-parallel" in url.log_tail()) == (trainer_ranks == 2), url.log_tail()
+        assert ("parallel: 2 ranks" in url.log_tail()) == bool(TRAINER_LAYOUTS[trainer_layout]), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
     # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.
