@@ -114,7 +114,7 @@ def _run_ranks(model_dir: str, world: int) -> dict[int, Any]:
     return results
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_data_parallel_equals_one_process(tiny_model_dir, world: int) -> None:
     import torch
     from train_reference import assert_dicts_close
