@@ -161,10 +161,10 @@ class BackendSettings:
         if not self.inference_engine_timeout_s > 0:
             raise InvalidArgumentError(f"--backend-config: inference_engine_timeout_s must be > 0 (got "
                                        f"{self.inference_engine_timeout_s})")
-        if self.inference_engine_tensor_parallel_size != 1:
+        if self.inference_engine_tensor_parallel_size < 1:
             raise InvalidArgumentError("--backend-config: inference_engine_tensor_parallel_size (generator."
-                                       "inference_engine.tensor_parallel_size) must be 1: tensor-parallel sampler "
-                                       "engines are not built yet")
+                                       "inference_engine.tensor_parallel_size) must be >= 1 (got "
+                                       f"{self.inference_engine_tensor_parallel_size})")
         if self.max_sampling_length < 2:
             raise InvalidArgumentError(f"--backend-config: max_sampling_length must be >= 2 (got {self.max_sampling_length})")
         if self.dtype not in ("float32", "bfloat16"):

@@ -246,6 +246,10 @@ def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
         log.warning("num_inference_engines=%d has no effect with colocate_all true: sampling runs inside the "
                     "training engine; set colocate_all false for sampler engines of their own",
                     settings.num_inference_engines)
+    if settings.colocate_all and settings.inference_engine_tensor_parallel_size > 1:
+        log.warning("inference_engine_tensor_parallel_size=%d has no effect with colocate_all true: sampling runs "
+                    "inside the training engine, split as it is (tensor_parallel_size %d)",
+                    settings.inference_engine_tensor_parallel_size, settings.tensor_parallel_size)
     if settings.fully_sharded_data_parallel_size > 1 or settings.tensor_parallel_size > 1:
         backend = DataParallelBackend.start(model_dir, settings)
     else:

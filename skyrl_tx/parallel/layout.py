@@ -65,10 +65,12 @@ class RankLayout:
         return range(process_id * self.ranks_per_process, (process_id + 1) * self.ranks_per_process)
 
     def rank_settings(self, settings: BackendSettings, rank: int) -> dict[str, Any]:
-        """The settings rank `rank` builds its replica with: on a GPU node, the node's device rank % per-node."""
+        """The settings rank `rank` builds its part with: on a GPU node, device first + rank % per-node, where
+        `device` "cuda:first" names the node's first device for these ranks ("cuda": 0)."""
         raw = dataclasses.asdict(settings)
         if settings.device.startswith("cuda"):
-            raw["device"] = f"cuda:{rank % self.ranks_per_process}"
+            first = int(settings.device.split(":", 1)[1]) if ":" in settings.device else 0
+            raw["device"] = f"cuda:{first + rank % self.ranks_per_process}"
         return raw
 
     def spawn(self, model_dir: str, settings: BackendSettings, ranks: range | list[int], target: Any) -> list[Any]:

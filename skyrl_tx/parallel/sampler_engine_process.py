@@ -36,7 +36,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.parallel.data_parallel_backend import make_backend
     from skyrl_tx.parallel.group import RankAddress, join_side_group
     from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
 
@@ -44,7 +44,9 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
         return make_weight_sync(join_side_group(RankAddress(at, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
                                 bucket_bytes=SYNC_BUCKET_BYTES)
 
-    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings))
+    # One process, or (tensor_parallel_size > 1) this process and its own worker ranks, each holding part of the
+    # model: every state change and decode step below then runs on all of them (parallel/data_parallel_backend.py).
+    backend = make_backend(Path(model_dir), BackendSettings.from_dict(settings))
     digests = backend.settings.weight_sync_digests
     sync = join(address)
     running: dict[int, int] = {}  # local sample id → the trainer's id
@@ -56,6 +58,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
             message = conn.recv()
             kind = message[0]
             if kind == "stop":
+                getattr(backend, "close", lambda: None)()
                 return
             if kind == "submit":
                 _, sample_id, request = message

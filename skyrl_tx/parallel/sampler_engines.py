@@ -80,7 +80,8 @@ class SamplerEnginesBackend:
             self._regroup(list(range(count)))
         except _EngineLost as exc:
             raise InternalError(f"sampler engines did not start: {exc}") from exc
-        log.info("sampling on %d sampler engine(s) (pids %s, devices %s), weights synced over c10d", count,
+        log.info("sampling on %d sampler engine(s) of %d tensor-parallel rank(s) each (pids %s, first devices %s), "
+                 "weights synced over c10d", count, settings.inference_engine_tensor_parallel_size,
                  [p.pid for p in self._procs], [sampler_device(settings, i) for i in range(count)])
 
     def __getattr__(self, name: str) -> Any:  # only for what is not defined here
@@ -361,12 +362,17 @@ class SamplerEnginesBackend:
         context = multiprocessing.get_context("spawn")
         for index in indices:
             parent, child = context.Pipe()
+            # An engine of inference_engine_tensor_parallel_size ranks: the engine process and its own workers.
             settings = {**dataclasses.asdict(self._settings), "colocate_all": True, "num_inference_engines": 1,
                         "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
-                        "device": sampler_device(self._settings, index)}
+                        "tensor_parallel_size": self._settings.inference_engine_tensor_parallel_size,
+                        "inference_engine_tensor_parallel_size": 1, "device": sampler_device(self._settings, index)}
             proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings, index + 1,
                                                                      count + 1, address, child),
-                                   daemon=True, name=f"skyrl-tx-sampler-{index}")
+                                   # a daemon may not start processes: a tensor-parallel engine starts its ranks
+                                   # (they die with it: PR_SET_PDEATHSIG; close() stops it)
+                                   daemon=self._settings.inference_engine_tensor_parallel_size == 1,
+                                   name=f"skyrl-tx-sampler-{index}")
             proc.start()
             self._conns[index], self._procs[index] = parent, proc
             self._failed.pop(index, None)
@@ -406,10 +412,12 @@ class SamplerEnginesBackend:
 
 
 def sampler_device(settings: BackendSettings, index: int) -> str:
-    """Sampler engine `index`'s device: on a GPU node the devices after the trainer's ranks (with 2 data-parallel
-    ranks on cuda:0 and cuda:1, the sampler engines use cuda:2, cuda:3, ...)."""
+    """Sampler engine `index`'s (first) device: on a GPU node the devices after the trainer's ranks (with 2 trainer
+    ranks on cuda:0 and cuda:1, the sampler engines use cuda:2, cuda:3, ...; engines of T tensor-parallel ranks
+    each take T devices in a row: cuda:2-3, cuda:4-5, ...)."""
     if settings.device == "cpu":
         return "cpu"
     first = int(settings.device.split(":", 1)[1]) if ":" in settings.device else 0
-    trainer_ranks_here = settings.fully_sharded_data_parallel_size // max(settings.num_processes, 1)
-    return f"cuda:{first + trainer_ranks_here + index}"
+    trainer_ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
+    trainer_ranks_here = trainer_ranks // max(settings.num_processes, 1)
+    return f"cuda:{first + trainer_ranks_here + index * settings.inference_engine_tensor_parallel_size}"

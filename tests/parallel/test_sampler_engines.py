@@ -52,8 +52,11 @@ def _run(url) -> dict[str, Any]:
     return out
 
 
+# The trainer's layout, and (last) sampler engines of two tensor-parallel ranks each beside a one-process trainer
+# (colocated, that key does nothing: a warning).
 TRAINER_LAYOUTS = {"one-trainer-rank": {}, "two-data-parallel-ranks": {"fully_sharded_data_parallel_size": 2},
-                   "two-tensor-parallel-ranks": {"tensor_parallel_size": 2}}
+                   "two-tensor-parallel-ranks": {"tensor_parallel_size": 2},
+                   "tensor-parallel-sampler-engines": {"generator.inference_engine.tensor_parallel_size": 2}}
 
 
 @pytest.fixture(scope="module", params=list(TRAINER_LAYOUTS))
@@ -75,7 +78,10 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
     config = {**DISAGGREGATED, **TRAINER_LAYOUTS[trainer_layout]}
     with live_server(backend_config=config) as url:
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
-        assert ("parallel: 2 ranks" in url.log_tail()) == bool(TRAINER_LAYOUTS[trainer_layout]), url.log_tail()
+        engine_ranks = 2 if trainer_layout == "tensor-parallel-sampler-engines" else 1
+        assert f"of {engine_ranks} tensor-parallel rank(s) each" in url.log_tail(), url.log_tail()
+        parallel_trainer = trainer_layout in ("two-data-parallel-ranks", "two-tensor-parallel-ranks")
+        assert not parallel_trainer or "parallel: 2 ranks" in url.log_tail(), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
     # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.
