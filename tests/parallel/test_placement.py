@@ -1,0 +1,40 @@
+"""Where ranks go: a replica's tensor-parallel ranks are neighbours, the data-parallel groups hold the same part,
+each rank gets its node's device, and sampler engines take the devices after the trainer's, T in a row each."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.parallel.layout import RankLayout
+from skyrl_tx.parallel.sampler_engines import sampler_device
+
+
+def test_ranks_of_a_data_by_tensor_parallel_layout() -> None:
+    settings = BackendSettings(fully_sharded_data_parallel_size=2, tensor_parallel_size=4, num_processes=2,
+                               coordinator_address="10.0.0.1:29500", device="cuda")
+    layout = RankLayout.from_settings(settings)
+    assert (layout.world, layout.data_parallel, layout.tensor_parallel) == (8, 2, 4)
+    assert layout.tensor_parallel_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a replica per node
+    assert layout.data_parallel_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert list(layout.ranks_of(1)) == [4, 5, 6, 7]
+    assert [layout.rank_settings(settings, r)["device"] for r in range(8)] == [f"cuda:{i % 4}" for i in range(8)]
+    # An engine whose first device is cuda:2 (a sampler engine after a 2-rank trainer): its ranks follow it.
+    engine = BackendSettings(tensor_parallel_size=2, device="cuda:2")
+    engine_layout = RankLayout.from_settings(engine)
+    assert [engine_layout.rank_settings(engine, r)["device"] for r in range(2)] == ["cuda:2", "cuda:3"]
+    with pytest.raises(InvalidArgumentError, match="not a multiple of num_processes"):
+        RankLayout.from_settings(BackendSettings(tensor_parallel_size=3, num_processes=2, coordinator_address="h:1"))
+
+
+def test_sampler_engines_take_the_devices_after_the_trainers() -> None:
+    def devices(**kw) -> list[str]:
+        settings = BackendSettings(device="cuda", colocate_all=False, num_inference_engines=2, **kw)
+        return [sampler_device(settings, i) for i in range(2)]
+
+    assert devices() == ["cuda:1", "cuda:2"]
+    assert devices(fully_sharded_data_parallel_size=2) == ["cuda:2", "cuda:3"]
+    assert devices(tensor_parallel_size=2, fully_sharded_data_parallel_size=2) == ["cuda:4", "cuda:5"]
+    assert devices(tensor_parallel_size=2, inference_engine_tensor_parallel_size=2) == ["cuda:2", "cuda:4"]
+    assert sampler_device(BackendSettings(colocate_all=False), 0) == "cpu"
