@@ -15,14 +15,16 @@ const ModelConfig& validated(const ModelConfig& config, const dist::TensorParall
   if (!tp.enabled()) return config;
   const int64_t size = tp.size();
   const ArchitectureSpec& arch = find_architecture(config.architecture);
+  // Mixture-of-experts layers run whole on every rank (experts, router and shared experts replicated: same input,
+  // same output, same gradients); their attention, dense MLPs and vocabulary are split.
+  SKYRL_TX_CHECK(arch.attention != AttentionKind::kMla && !config.has_linear_attention(), InvalidArgument,
+                 "tensor_parallel_size ", size, ": ", config.architecture, " is not split over ranks yet (grouped-"
+                 "query attention models are: Qwen3, Qwen3 MoE, Llama 3); use tensor_parallel_size 1 with "
+                 "fully_sharded_data_parallel_size for several devices");
   const std::vector<MlpKind> mlps = mlp_layout(config);
-  SKYRL_TX_CHECK(arch.attention != AttentionKind::kMla && !config.has_linear_attention() &&
-                     std::find(mlps.begin(), mlps.end(), MlpKind::kMoe) == mlps.end(),
-                 InvalidArgument, "tensor_parallel_size ", size, ": ", config.architecture,
-                 " is not split over ranks yet (dense grouped-query attention models are: Qwen3, Llama 3); use "
-                 "tensor_parallel_size 1 with fully_sharded_data_parallel_size for several devices");
+  const bool dense_mlps = std::find(mlps.begin(), mlps.end(), MlpKind::kDense) != mlps.end();
   SKYRL_TX_CHECK(config.num_attention_heads % size == 0 && config.num_key_value_heads % size == 0 &&
-                     config.intermediate_size % size == 0,
+                     (!dense_mlps || config.intermediate_size % size == 0),
                  InvalidArgument, "tensor_parallel_size ", size, " must divide the model's attention heads (",
                  config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
                  ") and MLP width (", config.intermediate_size, "); choose a divisor of ",
