@@ -74,6 +74,9 @@ class BackendSettings:
     # over this many ranks (dense Qwen3 / Llama 3, LoRA; csrc/dist/tensor_parallel.h), each holding its shard of the
     # weights and KV cache. With fully_sharded_data_parallel_size D there are D x T ranks: D replicas of T ranks.
     tensor_parallel_size: int = 1
+    # Expert parallelism: 1, or tensor_parallel_size to spread every MoE layer's experts over those ranks (each holds
+    # and runs its share; one all-reduce combines them). 1 keeps the experts whole on every rank.
+    expert_parallel_size: int = 1
     # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
     num_processes: int = 1
@@ -152,6 +155,10 @@ class BackendSettings:
                     "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb", "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
+        if self.expert_parallel_size not in (1, self.tensor_parallel_size):
+            raise InvalidArgumentError(f"--backend-config: expert_parallel_size must be 1 or tensor_parallel_size "
+                                       f"({self.tensor_parallel_size}): the experts are spread over the "
+                                       f"tensor-parallel ranks (got {self.expert_parallel_size})")
         if self.train_micro_batch_size < 0:
             raise InvalidArgumentError(f"--backend-config: train_micro_batch_size must be >= 0 (sequences per "
                                        f"micro-batch; 0: no limit; got {self.train_micro_batch_size})")

@@ -59,6 +59,11 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
   options.dtype = parse_dtype(config.dtype);
   options.device = parse_device(config.device);
   options.tensor_parallel = dist::TensorParallel(std::move(tensor_parallel));
+  SKYRL_TX_CHECK(config.expert_parallel_size == 1 || config.expert_parallel_size == options.tensor_parallel.size(),
+                 InvalidArgument, "backend config: expert_parallel_size ", config.expert_parallel_size,
+                 " must be 1 or tensor_parallel_size (", options.tensor_parallel.size(), "): the experts are spread "
+                 "over the tensor-parallel ranks");
+  options.split_experts = config.expert_parallel_size > 1;
   model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
 }
 
@@ -74,6 +79,8 @@ int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraC
       const int64_t in = m.module->in_features();
       m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator, in * tensor_parallel().size(),
                             in * tensor_parallel().rank());
+    } else if (m.split == dist::TpSplit::kOwned) {  // drawn whole everywhere, kept by the expert's rank only
+      m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator, m.whole_in, 0);
     } else {
       m.module->enable_slot(slot, lora_config.rank, lora_config.scaling(), generator);
     }

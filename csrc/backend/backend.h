@@ -157,6 +157,8 @@ class Backend {
   std::vector<int64_t> whole_shape(const optim::TrainableTensor& t) const;
   /// A LoRA factor of `slot` in module `m` (B when `b`), named and with its split (backend_tensor_parallel.cpp).
   optim::TrainableTensor lora_factor(const models::NamedLoraModule& m, int64_t slot, bool b) const;
+  /// How the group holds module `m`'s factor (B when `b`) whose local shape is `local`.
+  dist::TensorSplit lora_split(const models::NamedLoraModule& m, bool b, at::IntArrayRef local) const;
   /// What optim_step updates: trainable_tensors less buffers (DeepSeek's router score bias).
   std::vector<optim::TrainableTensor> stepped_tensors(const std::string& model_id) const;
   bool data_parallel() const { return collectives_ && collectives_->world_size() > 1; }

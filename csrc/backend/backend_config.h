@@ -24,6 +24,7 @@ struct BackendConfig {
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
   bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
   int64_t zero_bucket_mb = 256;             // data parallel, full fine-tuning: float32 MB per ZeRO collective
+  int64_t expert_parallel_size = 1;         // 1, or tensor parallel size: MoE experts spread over those ranks
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

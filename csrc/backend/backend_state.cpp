@@ -148,9 +148,13 @@ void Backend::load_snapshot(const std::string& snapshot_id, const lora::LoraConf
     known.insert(a_name);
     known.insert(b_name);
     // The factors' whole shapes at the snapshot's rank; this rank keeps its part (tensor parallelism).
-    optim::TrainableTensor factor_a = lora_factor(m, 0, false), factor_b = lora_factor(m, 0, true);
-    factor_a.param = at::empty({lora_config.rank, m.module->in_features()}, at::kFloat);
-    factor_b.param = at::empty({m.module->out_features(), lora_config.rank}, at::kFloat);
+    const int64_t rank = lora_config.rank;
+    optim::TrainableTensor factor_a{a_name, at::empty({rank, m.module->in_features()}, at::kFloat), {}, {}};
+    optim::TrainableTensor factor_b{b_name, at::empty({m.module->out_features(), rank}, at::kFloat), {}, {}};
+    if (tensor_parallel().enabled()) {
+      factor_a.split = lora_split(m, false, factor_a.param.sizes());
+      factor_b.split = lora_split(m, true, factor_b.param.sizes());
+    }
     const at::Tensor& a = expect_tensor(weights, a_name, whole_shape(factor_a), "load sampler weights");
     const at::Tensor& b = expect_tensor(weights, b_name, whole_shape(factor_b), "load sampler weights");
     snapshot.factors[m.name] = {host_float(part(factor_a, a)).clone(), host_float(part(factor_b, b)).clone()};
@@ -179,8 +183,7 @@ std::map<std::string, at::Tensor> Backend::frozen_model_weights(const std::strin
   SKYRL_TX_CHECK(it != frozen_models_.end(), NotFound, "frozen model '", snapshot_id, "' is not loaded");
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, tensor] : it->second->named_parameters()) {  // whole: gathered under tensor parallelism
-    const auto [dim, size] = it->second->parameter_split(name);
-    out[name] = (dim >= 0 ? tensor_parallel().gather(tensor.detach(), dim, size) : tensor.detach()).to(at::kCPU);
+    out[name] = tensor_parallel().whole(tensor, it->second->parameter_split(name)).to(at::kCPU);
   }
   return out;
 }

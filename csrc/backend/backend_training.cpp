@@ -88,8 +88,7 @@ std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string
   std::vector<optim::TrainableTensor> out;
   if (auto it = full_models_.find(model_id); it != full_models_.end()) {
     for (const auto& [name, tensor] : it->second->named_parameters()) {
-      const auto [dim, size] = it->second->parameter_split(name);  // (-1, 0) without tensor parallelism
-      out.push_back({name, tensor, tensor.grad(), dim, size});
+      out.push_back({name, tensor, tensor.grad(), it->second->parameter_split(name)});
     }
     return out;
   }
@@ -130,8 +129,9 @@ std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& mo
   }
   std::map<std::string, at::Tensor> out;
   for (const auto& t : trainable_tensors(model_id)) {
-    out[t.name] = t.grad.defined() ? whole(t, t.grad).to(at::kCPU, at::kFloat, false, true)
-                                   : at::zeros(whole_shape(t), at::kFloat);
+    // Whole on every rank alike (a collective under tensor parallelism): zeros where no gradient accumulated yet.
+    const at::Tensor local = t.grad.defined() ? t.grad : at::zeros_like(t.param, t.param.options().dtype(at::kFloat));
+    out[t.name] = whole(t, local).to(at::kCPU, at::kFloat, false, true);
   }
   return out;
 }

@@ -129,6 +129,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("max_full_models", &BackendConfig::max_full_models)
       .def_readwrite("train_micro_batch_tokens", &BackendConfig::train_micro_batch_tokens)
       .def_readwrite("train_micro_batch_size", &BackendConfig::train_micro_batch_size)
+      .def_readwrite("expert_parallel_size", &BackendConfig::expert_parallel_size)
       .def_readwrite("gradient_checkpointing", &BackendConfig::gradient_checkpointing)
       .def_readwrite("max_sampling_sequences", &BackendConfig::max_sampling_sequences)
       .def_readwrite("max_sampling_length", &BackendConfig::max_sampling_length)

@@ -100,4 +100,20 @@ at::Tensor TensorParallel::gather(const at::Tensor& local, int64_t dim, int64_t 
   return at::cat(parts, 0).movedim(0, dim).contiguous();  // the full tensor, `dim` of size n
 }
 
+at::Tensor TensorParallel::whole(const at::Tensor& local, const TensorSplit& split) const {
+  if (!enabled() || split.replicated()) return local.detach();
+  if (split.dim >= 0) return gather(local.detach(), split.dim, split.whole_shape.at(split.dim));
+  at::NoGradGuard no_grad;
+  at::Tensor buffer = rank() == split.owner ? local.detach().contiguous().clone()
+                                            : at::empty(split.whole_shape, local.options());
+  group_->broadcast(buffer, split.owner);
+  return buffer;
+}
+
+at::Tensor TensorParallel::part(const at::Tensor& whole, const TensorSplit& split, at::IntArrayRef local_shape) const {
+  if (!enabled() || split.replicated()) return whole;
+  if (split.dim >= 0) return narrow(whole, split.dim);
+  return rank() == split.owner ? whole : at::empty(local_shape, whole.options());
+}
+
 }  // namespace skyrl_tx::dist

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dist/collectives.h"
 
@@ -22,6 +23,15 @@ enum class TpSplit {
   kReplicated,  // every rank holds all of it
   kColumn,      // output features sharded (W [out/tp, in], B [out/tp, r]); A replicated, its gradient partial
   kRow,         // input features sharded (W [out, in/tp], A [r, in/tp]); B replicated, its gradient partial
+  kOwned,       // expert parallelism: one rank holds the whole layer (an expert), the others an empty one
+};
+
+/// How one tensor is held across a tensor-parallel group, and its shape in one process.
+struct TensorSplit {
+  int64_t dim = -1;  // >= 0: each rank holds its shard of this dimension
+  int owner = -1;    // >= 0: this rank holds it whole, the others an empty tensor (an expert's)
+  std::vector<int64_t> whole_shape;  // set unless replicated
+  bool replicated() const { return dim < 0 && owner < 0; }
 };
 
 class TensorParallel {
@@ -51,6 +61,12 @@ class TensorParallel {
   at::Tensor max(const at::Tensor& x) const;
   /// No gradient: `local`, this rank's shard(n) of dimension `dim`, gathered into the full tensor on every rank.
   at::Tensor gather(const at::Tensor& local, int64_t dim, int64_t n) const;
+  /// No gradient: the whole tensor one process holds, on every rank (gathered, or sent by its owner); `local` as is
+  /// when replicated. Every rank calls it for the same tensors in the same order.
+  at::Tensor whole(const at::Tensor& local, const TensorSplit& split) const;
+  /// This rank's part of `whole` (shaped like one process's tensor); `local_shape`: an owned tensor's empty shape
+  /// on the other ranks.
+  at::Tensor part(const at::Tensor& whole, const TensorSplit& split, at::IntArrayRef local_shape) const;
 
  private:
   std::shared_ptr<Collectives> group_;

@@ -44,7 +44,7 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
       rope_(config_, options.device) {
   WeightStore store(std::move(weights), options.dtype, options.device, options.weights_are_parts);
   const dist::TensorParallel& tp = options_.tensor_parallel;
-  BuildContext ctx{store, options.num_slots, options.max_rank, tp};
+  BuildContext ctx{store, options.num_slots, options.max_rank, tp, options.split_experts && tp.enabled()};
   // Vocabulary-parallel: rows [vocab_shard_.begin, + length) of the embedding and of the lm_head.
   embed_tokens_ = store.take_part("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}, 0, tp);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -116,9 +116,9 @@ at::Tensor CausalLM::final_norm(const at::Tensor& h) const {
   return normed.reshape({-1, normed.size(-1)});
 }
 
-std::pair<int64_t, int64_t> CausalLM::parameter_split(const std::string& name) const {
+dist::TensorSplit CausalLM::parameter_split(const std::string& name) const {
   auto it = parameter_splits_.find(name);
-  return it == parameter_splits_.end() ? std::pair<int64_t, int64_t>{-1, 0} : it->second;
+  return it == parameter_splits_.end() ? dist::TensorSplit{} : it->second;
 }
 
 bool CausalLM::partial_gradient(const std::string& name) const {
@@ -127,7 +127,9 @@ bool CausalLM::partial_gradient(const std::string& name) const {
     const std::string s(suffix);
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  return ends_with(".self_attn.q_norm.weight") || ends_with(".self_attn.k_norm.weight");
+  // The router's weights get only this rank's experts' share when the experts are split.
+  return ends_with(".self_attn.q_norm.weight") || ends_with(".self_attn.k_norm.weight") ||
+         (options_.split_experts && ends_with(".mlp.gate.weight"));
 }
 
 std::vector<NamedParameter> CausalLM::named_parameters() const {

@@ -25,6 +25,9 @@ struct ModelOptions {
   dist::TensorParallel tensor_parallel;
   /// The weights given are already this rank's parts (a copy of a split model: a full fine-tune, a snapshot).
   bool weights_are_parts = false;
+  /// Expert parallelism over the tensor-parallel group: each rank holds and runs its share of every MoE layer's
+  /// experts (the rest of the MoE layer stays replicated).
+  bool split_experts = false;
 };
 
 class CausalLM {
@@ -58,8 +61,8 @@ class CausalLM {
   /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
   /// Under tensor parallelism a split tensor is this rank's part (parameter_split says which).
   std::vector<NamedParameter> named_parameters() const;
-  /// Tensor parallelism: the dimension of `name` this rank holds a part of and its whole size; (-1, 0): whole.
-  std::pair<int64_t, int64_t> parameter_split(const std::string& name) const;
+  /// Tensor parallelism: how the group holds `name` (replicated unless split or owned by one rank).
+  dist::TensorSplit parameter_split(const std::string& name) const;
   /// Tensor parallelism: a replicated tensor whose gradient is this rank's share only (the per-head q/k norms see
   /// only this rank's heads), summed over the group after each batch.
   bool partial_gradient(const std::string& name) const;
@@ -86,7 +89,7 @@ class CausalLM {
   std::unique_ptr<lora::LoraLinear> lm_head_;  // weight shares storage with embed_tokens_ when tied
   RotaryEmbedding rope_;
   std::vector<NamedLoraModule> lora_modules_;
-  std::map<std::string, std::pair<int64_t, int64_t>> parameter_splits_;  // name → (dimension, whole size)
+  std::map<std::string, dist::TensorSplit> parameter_splits_;
   bool cuda_graph_capturable_ = true;
 };
 

@@ -23,13 +23,23 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
+at::Tensor WeightStore::take_owned(const std::string& name, at::IntArrayRef shape, int owner,
+                                   const dist::TensorParallel& tp) {
+  if (!tp.enabled()) return take(name, shape);
+  splits_[name] = {-1, owner, std::vector<int64_t>(shape.begin(), shape.end())};
+  if (tp.rank() == owner) return take(name, shape);
+  if (holds_parts_) return take(name, {0, 0});
+  take(name, shape);  // checked and dropped: another rank holds it
+  return at::empty({0, 0}, at::TensorOptions().dtype(dtype_).device(device_));
+}
+
 WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts)
     : weights_(std::move(weights)), dtype_(dtype), device_(device), holds_parts_(holds_parts) {}
 
 at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape, int64_t dim,
                                   const dist::TensorParallel& tp) {
   if (!tp.enabled()) return take(name, shape);
-  splits_[name] = {dim, shape[dim]};
+  splits_[name] = {dim, -1, std::vector<int64_t>(shape.begin(), shape.end())};
   const dist::Shard shard = tp.shard(shape[dim]);
   std::vector<int64_t> part_shape(shape.begin(), shape.end());
   part_shape[dim] = shard.length;

@@ -31,8 +31,11 @@ class WeightStore {
   /// before the copy to the device), or the part itself when the store holds parts. Records the split (splits()).
   /// A group of one: take().
   at::Tensor take_part(const std::string& name, at::IntArrayRef shape, int64_t dim, const dist::TensorParallel& tp);
-  /// Every tensor taken in parts: name → (dimension, whole size).
-  const std::map<std::string, std::pair<int64_t, int64_t>>& splits() const { return splits_; }
+  /// Expert parallelism: `name` whole on rank `owner` (recorded: splits()), an empty [0, 0] tensor elsewhere (read
+  /// and dropped, so the checkpoint still matches).
+  at::Tensor take_owned(const std::string& name, at::IntArrayRef shape, int owner, const dist::TensorParallel& tp);
+  /// Every tensor taken in parts or owned by one rank.
+  const std::map<std::string, dist::TensorSplit>& splits() const { return splits_; }
   /// Throws InvalidArgument listing missing, mis-shaped and unexpected keys (rotary inv_freq buffers ignored).
   void finish() const;
 
@@ -41,7 +44,7 @@ class WeightStore {
   at::ScalarType dtype_;
   at::Device device_;
   bool holds_parts_;
-  std::map<std::string, std::pair<int64_t, int64_t>> splits_;
+  std::map<std::string, dist::TensorSplit> splits_;
   std::vector<std::string> missing_;
   std::vector<std::string> mismatched_;
 };

@@ -169,7 +169,32 @@ SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildConte
       down_proj_(make_parallel_linear(ctx, prefix + ".down_proj", hidden, intermediate, bias,
                                       tp_ ? dist::TpSplit::kRow : dist::TpSplit::kReplicated, &down_bias_)) {}
 
+SwiGluMlp::SwiGluMlp(lora::LoraLinear gate, lora::LoraLinear up, lora::LoraLinear down, int owner, int rank,
+                     int64_t hidden, int64_t intermediate)
+    : tp_(nullptr),
+      owner_(owner),
+      held_by_(rank),
+      hidden_(hidden),
+      intermediate_(intermediate),
+      gate_proj_(std::move(gate)),
+      up_proj_(std::move(up)),
+      down_proj_(std::move(down)) {}
+
+std::unique_ptr<SwiGluMlp> SwiGluMlp::expert(int64_t hidden, int64_t intermediate, BuildContext& ctx,
+                                             const std::string& prefix, int owner) {
+  const dist::TensorParallel& tp = ctx.tensor_parallel;
+  auto linear = [&](const char* name, int64_t out, int64_t in) {
+    at::Tensor w = ctx.weights.take_owned(prefix + "." + name + ".weight", {out, in}, owner, tp);  // or [0, 0]
+    return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);
+  };
+  return std::unique_ptr<SwiGluMlp>(new SwiGluMlp(linear("gate_proj", intermediate, hidden),
+                                                  linear("up_proj", intermediate, hidden),
+                                                  linear("down_proj", hidden, intermediate), owner, tp.rank(),
+                                                  hidden, intermediate));
+}
+
 at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
+  SKYRL_TX_INTERNAL_ASSERT(held(), "an expert another rank holds was run");
   if (tp_ == nullptr) {
     at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
     return down_proj_.forward(gated, segments);
@@ -181,6 +206,15 @@ at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& 
 }
 
 void SwiGluMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
+  if (owner_ >= 0) {  // an expert one rank holds
+    out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_, dist::TpSplit::kOwned, owner_,
+                   intermediate_, hidden_});
+    out.push_back({prefix + ".up_proj", LoraGroup::kMlp, &up_proj_, dist::TpSplit::kOwned, owner_,
+                   intermediate_, hidden_});
+    out.push_back({prefix + ".down_proj", LoraGroup::kMlp, &down_proj_, dist::TpSplit::kOwned, owner_, hidden_,
+                   intermediate_});
+    return;
+  }
   const bool split = tp_ != nullptr;
   out.push_back({prefix + ".gate_proj", LoraGroup::kMlp, &gate_proj_,
                  split ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated});

@@ -27,6 +27,9 @@ struct NamedLoraModule {
   // Under tensor parallelism: which factor is this rank's shard (B of a column-parallel layer, A of a row-parallel
   // one) and which is replicated with a partial gradient (summed over the group after each batch).
   dist::TpSplit split = dist::TpSplit::kReplicated;
+  // kOwned (an expert under expert parallelism): the rank holding it, and its whole [out, in] (empty elsewhere).
+  int owner = -1;
+  int64_t whole_out = 0, whole_in = 0;
 };
 
 /// What every block needs to build its LoRA-capable linears.
@@ -35,6 +38,7 @@ struct BuildContext {
   int64_t num_slots;
   int64_t max_rank;
   const dist::TensorParallel& tensor_parallel = dist::kNoTensorParallel;
+  bool split_experts = false;  // expert parallelism: MoE experts spread over the tensor-parallel ranks
 };
 
 /// x / sqrt(mean(x^2) + eps) over the last dim, in float32 (every RMSNorm variant's first half).
@@ -133,13 +137,22 @@ class SwiGluMlp : public MlpModule {
   /// Any width, replicated (an expert: moe_intermediate_size; shared experts: n_shared_experts times that).
   SwiGluMlp(int64_t hidden, int64_t intermediate, bool bias, BuildContext& ctx, const std::string& prefix,
             bool tensor_parallel = false);
+  /// An expert under expert parallelism: whole on rank `owner`, empty (no weights, never run) on the others.
+  static std::unique_ptr<SwiGluMlp> expert(int64_t hidden, int64_t intermediate, BuildContext& ctx,
+                                           const std::string& prefix, int owner);
+  /// False: an expert another rank holds.
+  bool held() const { return owner_ < 0 || owner_ == held_by_; }
   /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
+  SwiGluMlp(lora::LoraLinear gate, lora::LoraLinear up, lora::LoraLinear down, int owner, int rank, int64_t hidden,
+            int64_t intermediate);
   const dist::TensorParallel* tp_;  // null: replicated
+  int owner_ = -1, held_by_ = -1;   // an owned expert: its owner, and this rank
+  int64_t hidden_ = 0, intermediate_ = 0;  // an owned expert's whole shape
   at::Tensor down_bias_;  // tensor parallel with a bias: down_proj's, added once after the sum (down_proj_ sets it)
   lora::LoraLinear gate_proj_, up_proj_, down_proj_;
 };

@@ -19,9 +19,21 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
     score_bias_ = ctx.weights.take(prefix + ".gate.e_score_correction_bias", {config.num_experts});
   }
   experts_.reserve(config.num_experts);
+  if (ctx.split_experts) split_over_ = &ctx.tensor_parallel;
+  int owner = 0;
   for (int64_t e = 0; e < config.num_experts; ++e) {
-    experts_.push_back(std::make_unique<SwiGluMlp>(config.hidden_size, config.moe_intermediate_size, false, ctx,
-                                                   str_cat(prefix, ".experts.", e)));
+    const std::string name = str_cat(prefix, ".experts.", e);
+    if (split_over_ == nullptr) {
+      experts_.push_back(std::make_unique<SwiGluMlp>(config.hidden_size, config.moe_intermediate_size, false, ctx,
+                                                     name));
+      continue;
+    }
+    // Rank r holds the contiguous experts shard_of(E, r).
+    while (e >= split_over_->shard_of(config.num_experts, owner).begin +
+                    split_over_->shard_of(config.num_experts, owner).length) {
+      ++owner;
+    }
+    experts_.push_back(SwiGluMlp::expert(config.hidden_size, config.moe_intermediate_size, ctx, name, owner));
   }
   if (config.shared_expert_intermediate_size > 0) {  // Qwen3.5 MoE: sigmoid(x · gate) scales the shared output
     shared_name_ = "shared_expert";
@@ -92,8 +104,11 @@ lora::AdapterSegments expert_segments(const lora::AdapterSegments& segments, con
   return lora::AdapterSegments(std::move(out));
 }
 
-at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
+at::Tensor MoeMlp::forward(const at::Tensor& x_in, const lora::AdapterSegments& segments) const {
   const int64_t experts = num_experts();
+  // Expert parallelism: the routed path's input gradient is each rank's experts' share, summed over the group (f);
+  // the shared experts run whole on every rank, on the input as it is.
+  const at::Tensor x = split_over_ ? split_over_->copy_in(x_in) : x_in;
   ExpertRouting r = route(x);
   // Segmented LoRA batches: how many of each expert's tokens fall in each adapter segment ([E, S] on the host).
   const auto& segs = segments.segments();
@@ -114,23 +129,38 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& seg
     seg_counts.assign(count.data_ptr<int64_t>(), count.data_ptr<int64_t>() + experts * num_segs);
   }
   at::Tensor xs = x.index_select(0, r.token);  // [N * k, hidden], grouped by expert
-  std::vector<at::Tensor> outs;
+  std::vector<at::Tensor> outs, tokens, weights;
   int64_t offset = 0;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t n = r.count[e];
     if (n == 0) continue;
+    if (!experts_[e]->held()) {  // expert parallelism: another rank runs it
+      offset += n;
+      continue;
+    }
     at::Tensor token = r.token.narrow(0, offset, n);
     lora::AdapterSegments expert_segs =
         expert_segments(segments, token, per_segment ? &seg_counts[e * segs.size()] : nullptr);
     outs.push_back(experts_[e]->forward(xs.narrow(0, offset, n), expert_segs));  // [n, hidden]
+    tokens.push_back(token);
+    weights.push_back(r.weight.narrow(0, offset, n));
     offset += n;
   }
-  at::Tensor out = at::zeros_like(x);  // [N, hidden]
+  // [N, hidden]. Expert parallelism: zeros that still depend on x, so the input's gradient sum (f's backward, a
+  // collective) runs on a rank whose experts got no token too, as on the others.
+  at::Tensor out = split_over_ ? at::where(at::zeros({}, x.options().dtype(at::kBool)), x, at::zeros({}, x.options()))
+                               : at::zeros_like(x);
   // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
-  if (!outs.empty()) out = out.index_add(0, r.token, (at::cat(outs) * r.weight.unsqueeze(1)).to(x.scalar_type()));
+  if (!outs.empty()) {
+    at::Tensor token = split_over_ ? at::cat(tokens) : r.token;
+    at::Tensor weight = split_over_ ? at::cat(weights) : r.weight;
+    out = out.index_add(0, token, (at::cat(outs) * weight.unsqueeze(1)).to(x.scalar_type()));
+  }
+  // Expert parallelism: each rank summed its experts' outputs; the routed sum is theirs together.
+  if (split_over_) out = split_over_->reduce_out(out);
   if (shared_) {
-    at::Tensor shared = shared_->forward(x, segments);  // [N, hidden]
-    out = out + (shared_gate_.defined() ? at::sigmoid(at::linear(x, shared_gate_)) * shared : shared);
+    at::Tensor shared = shared_->forward(x_in, segments);  // [N, hidden]
+    out = out + (shared_gate_.defined() ? at::sigmoid(at::linear(x_in, shared_gate_)) * shared : shared);
   }
   return out;
 }

@@ -50,7 +50,8 @@ class MoeMlp : public MlpModule {
 
   /// [N, k] weights (float32) and expert indices.
   std::pair<at::Tensor, at::Tensor> top_k(const at::Tensor& x) const;
-  std::vector<std::unique_ptr<SwiGluMlp>> experts_;
+  std::vector<std::unique_ptr<SwiGluMlp>> experts_;  // expert parallelism: the others' are empty (held() false)
+  const dist::TensorParallel* split_over_ = nullptr;  // expert parallelism: the group the experts are spread over
   std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
   std::string shared_name_ = "shared_experts";  // its HF module name (DeepSeek's; Qwen3.5 MoE: "shared_expert")
   at::Tensor shared_gate_;  // [1, hidden] Qwen3.5 MoE's shared_expert_gate (undefined: the shared output is added)

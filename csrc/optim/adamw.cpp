@@ -23,7 +23,7 @@ void AdamParams::validate() const {
 double global_grad_norm(const std::vector<TrainableTensor>& tensors, const dist::TensorParallel& tp) {
   std::vector<at::Tensor> grads, sharded;
   for (const auto& t : tensors) {
-    if (t.grad.defined()) (tp.enabled() && t.split_dim >= 0 ? sharded : grads).push_back(t.grad);
+    if (t.grad.defined()) (tp.enabled() && !t.split.replicated() ? sharded : grads).push_back(t.grad);
   }
   // Per-tensor norms in one multi-tensor pass, combined in double: one host sync, not one per tensor.
   const auto sum_of_squares = [](const std::vector<at::Tensor>& ts) {

@@ -29,9 +29,7 @@ struct TrainableTensor {
   std::string name;
   at::Tensor param;  // updated in place
   at::Tensor grad;   // undefined = no gradient accumulated yet (treated as zeros)
-  // Tensor parallelism: the dimension of which this rank holds a shard (-1: replicated) and its whole size.
-  int64_t split_dim = -1;
-  int64_t split_size = 0;
+  dist::TensorSplit split;  // tensor parallelism: how the group holds it (replicated by default)
 };
 
 /// First and second moments of every tensor of one model, plus its step count.
