@@ -311,11 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine_parser.set_defaults(func=engine)
     worker_parser = sub.add_parser("worker", help="run another node's data-parallel ranks for a server started with "
                                    "fully_sharded_data_parallel_size and num_processes > 1")
-    worker_parser.add_argument("--coordinator-address", required=True, help="HOST:PORT of the engine's node "
-                               "(its backend-config coordinator_address)")
-    worker_parser.add_argument("--num-processes", type=int, required=True, help="node processes in all (the "
-                               "engine's included)")
-    worker_parser.add_argument("--process-id", type=int, required=True, help="this node process: 1 .. N-1")
+    worker_parser.add_argument("--coordinator-address", help="HOST:PORT of the engine's node (its backend-config "
+                               "coordinator_address); default: MASTER_ADDR:MASTER_PORT")
+    worker_parser.add_argument("--num-processes", type=int, help="node processes in all (the engine's included); "
+                               "default: SLURM_NNODES, NNODES, or torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE")
+    worker_parser.add_argument("--process-id", type=int, help="this node process: 1 .. N-1; default: GROUP_RANK "
+                               "(torchrun), SLURM_NODEID or NODE_RANK")
     worker_parser.add_argument("--base-model", required=True, help="the server's base model (same checkpoint)")
     worker_parser.add_argument("--backend-config", default=None, help="the server's --backend-config JSON")
     worker_parser.set_defaults(func=worker)
@@ -338,11 +339,14 @@ def worker(args: argparse.Namespace) -> int:
     from skyrl_tx.config import BackendSettings
     from skyrl_tx.models.checkpoint import resolve_model_path
     from skyrl_tx.parallel.data_parallel_backend import run_node_process
+    from skyrl_tx.parallel.layout import node_process_from_env
 
+    address, processes, process_id = node_process_from_env(dict(os.environ), args.coordinator_address,
+                                                           args.num_processes, args.process_id)
     settings = BackendSettings.from_json(args.backend_config)
-    settings = BackendSettings.from_dict({**dataclasses.asdict(settings), "coordinator_address": args.coordinator_address,
-                                          "num_processes": args.num_processes})
-    return run_node_process(resolve_model_path(args.base_model), settings, args.process_id)
+    settings = BackendSettings.from_dict({**dataclasses.asdict(settings), "coordinator_address": address,
+                                          "num_processes": processes})
+    return run_node_process(resolve_model_path(args.base_model), settings, process_id)
 
 
 def export_merged(args: argparse.Namespace) -> int:

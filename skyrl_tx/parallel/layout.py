@@ -20,6 +20,35 @@ def _free_port() -> int:
     return free_local_port()  # outside the ephemeral range: skyrl_tx/ports.py says why
 
 
+# A node process's place from a launcher's environment, first match wins: torchrun (one process per node:
+# --nproc-per-node 1, this process starting the node's ranks itself), SLURM, or plain NODE_RANK / NNODES.
+_NODE_ID_VARIABLES = ("GROUP_RANK", "SLURM_NODEID", "NODE_RANK")
+_NODE_COUNT_VARIABLES = ("SLURM_NNODES", "NNODES")
+
+
+def node_process_from_env(environ: dict[str, str], coordinator_address: str | None = None,
+                          num_processes: int | None = None, process_id: int | None = None) -> tuple[str, int, int]:
+    """(coordinator_address, num_processes, process_id) of `skyrl-tx worker`: the flags given, else the launcher's
+    variables (MASTER_ADDR / MASTER_PORT; GROUP_RANK, SLURM_NODEID or NODE_RANK; SLURM_NNODES, NNODES, or torchrun's
+    WORLD_SIZE / LOCAL_WORLD_SIZE). InvalidArgumentError names what is missing."""
+    if coordinator_address is None and "MASTER_ADDR" in environ and "MASTER_PORT" in environ:
+        coordinator_address = f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+    if process_id is None:
+        process_id = next((int(environ[k]) for k in _NODE_ID_VARIABLES if k in environ), None)
+    if num_processes is None:
+        num_processes = next((int(environ[k]) for k in _NODE_COUNT_VARIABLES if k in environ), None)
+        if num_processes is None and "WORLD_SIZE" in environ and "LOCAL_WORLD_SIZE" in environ:
+            num_processes = int(environ["WORLD_SIZE"]) // int(environ["LOCAL_WORLD_SIZE"])
+    missing = [what for what, value in (("--coordinator-address (or MASTER_ADDR and MASTER_PORT)", coordinator_address),
+                                        ("--num-processes (or SLURM_NNODES, NNODES, torchrun's WORLD_SIZE and "
+                                         "LOCAL_WORLD_SIZE)", num_processes),
+                                        ("--process-id (or GROUP_RANK, SLURM_NODEID, NODE_RANK)", process_id))
+               if value is None]
+    if missing:
+        raise InvalidArgumentError(f"skyrl-tx worker: set {'; '.join(missing)}")
+    return coordinator_address, num_processes, process_id
+
+
 @dataclass(frozen=True)
 class RankLayout:
     world: int  # ranks in all

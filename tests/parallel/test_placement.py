@@ -38,3 +38,16 @@ def test_sampler_engines_take_the_devices_after_the_trainers() -> None:
     assert devices(tensor_parallel_size=2, fully_sharded_data_parallel_size=2) == ["cuda:4", "cuda:5"]
     assert devices(tensor_parallel_size=2, inference_engine_tensor_parallel_size=2) == ["cuda:2", "cuda:4"]
     assert sampler_device(BackendSettings(colocate_all=False), 0) == "cpu"
+
+
+def test_a_worker_node_finds_its_place_in_a_launchers_environment() -> None:
+    from skyrl_tx.parallel.layout import node_process_from_env
+
+    torchrun = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "1", "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "1", "RANK": "1", "LOCAL_RANK": "0"}  # torchrun --nnodes 2 --nproc-per-node 1
+    assert node_process_from_env(torchrun) == ("10.0.0.1:29500", 2, 1)
+    slurm = {"MASTER_ADDR": "node0", "MASTER_PORT": "7777", "SLURM_NODEID": "3", "SLURM_NNODES": "4"}
+    assert node_process_from_env(slurm) == ("node0:7777", 4, 3)
+    assert node_process_from_env(slurm, "h:1", 2, 1) == ("h:1", 2, 1)  # the flags win
+    with pytest.raises(InvalidArgumentError, match="--process-id .*GROUP_RANK"):
+        node_process_from_env({"MASTER_ADDR": "h", "MASTER_PORT": "1", "NNODES": "2"})
