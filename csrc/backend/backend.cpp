@@ -133,7 +133,7 @@ std::map<std::string, at::Tensor> Backend::get_adapter_weights(const std::string
     if (!m.module->slot_enabled(slot)) continue;
     for (const bool b : {false, true}) {
       const optim::TrainableTensor factor = lora_factor(m, slot, b);
-      out[factor.name] = whole(factor, factor.param).detach().to(at::kCPU, at::kFloat, false, true);
+      out[factor.name] = whole(factor, factor.param).to(at::kCPU, at::kFloat, false, true);
     }
   }
   return out;

@@ -147,7 +147,7 @@ class Backend {
  private:
   std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
   const dist::TensorParallel& tensor_parallel() const { return model_->tensor_parallel(); }
-  /// Under tensor parallelism each carries the dimension this rank holds a shard of (optim::TrainableTensor).
+  /// Under tensor parallelism each carries how the group holds it (optim::TrainableTensor::split).
   std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
   /// `local` (this rank's part of `t`, or of a tensor shaped like it: a gradient, a moment) as one process has it.
   at::Tensor whole(const optim::TrainableTensor& t, const at::Tensor& local) const;

@@ -20,7 +20,8 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
   }
   experts_.reserve(config.num_experts);
   if (ctx.split_experts) split_over_ = &ctx.tensor_parallel;
-  int owner = 0;
+  // Expert parallelism: rank r holds the contiguous experts shard_of(E, r), ceil(E / ranks) each.
+  const int64_t per_rank = split_over_ ? split_over_->shard_of(config.num_experts, 0).length : 0;
   for (int64_t e = 0; e < config.num_experts; ++e) {
     const std::string name = str_cat(prefix, ".experts.", e);
     if (split_over_ == nullptr) {
@@ -28,11 +29,7 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
                                                      name));
       continue;
     }
-    // Rank r holds the contiguous experts shard_of(E, r).
-    while (e >= split_over_->shard_of(config.num_experts, owner).begin +
-                    split_over_->shard_of(config.num_experts, owner).length) {
-      ++owner;
-    }
+    const int owner = static_cast<int>(e / per_rank);
     experts_.push_back(SwiGluMlp::expert(config.hidden_size, config.moe_intermediate_size, ctx, name, owner));
   }
   if (config.shared_expert_intermediate_size > 0) {  // Qwen3.5 MoE: sigmoid(x · gate) scales the shared output

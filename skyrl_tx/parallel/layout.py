@@ -26,6 +26,11 @@ _NODE_ID_VARIABLES = ("GROUP_RANK", "SLURM_NODEID", "NODE_RANK")
 _NODE_COUNT_VARIABLES = ("SLURM_NNODES", "NNODES")
 
 
+def first_cuda_index(device: str) -> int:
+    """N of "cuda:N", 0 of "cuda": where a node's devices for these ranks begin."""
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
 def node_process_from_env(environ: dict[str, str], coordinator_address: str | None = None,
                           num_processes: int | None = None, process_id: int | None = None) -> tuple[str, int, int]:
     """(coordinator_address, num_processes, process_id) of `skyrl-tx worker`: the flags given, else the launcher's
@@ -98,8 +103,7 @@ class RankLayout:
         `device` "cuda:first" names the node's first device for these ranks ("cuda": 0)."""
         raw = dataclasses.asdict(settings)
         if settings.device.startswith("cuda"):
-            first = int(settings.device.split(":", 1)[1]) if ":" in settings.device else 0
-            raw["device"] = f"cuda:{first + rank % self.ranks_per_process}"
+            raw["device"] = f"cuda:{first_cuda_index(settings.device) + rank % self.ranks_per_process}"
         return raw
 
     def spawn(self, model_dir: str, settings: BackendSettings, ranks: range | list[int], target: Any) -> list[Any]:

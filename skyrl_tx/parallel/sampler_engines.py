@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
+from skyrl_tx.parallel.layout import first_cuda_index
 from skyrl_tx.parallel.sampler_engine_process import JOIN_TIMEOUT_S, SYNC_BUCKET_BYTES, sampler_engine_main
 from skyrl_tx.parallel.weight_sync import weights_digest
 from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
@@ -417,7 +418,7 @@ def sampler_device(settings: BackendSettings, index: int) -> str:
     each take T devices in a row: cuda:2-3, cuda:4-5, ...)."""
     if settings.device == "cpu":
         return "cpu"
-    first = int(settings.device.split(":", 1)[1]) if ":" in settings.device else 0
+    first = first_cuda_index(settings.device)
     trainer_ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
     trainer_ranks_here = trainer_ranks // max(settings.num_processes, 1)
     return f"cuda:{first + trainer_ranks_here + index * settings.inference_engine_tensor_parallel_size}"
