@@ -50,7 +50,7 @@ at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape
   }
   at::Tensor whole = std::move(it->second);
   weights_.erase(it);
-  // A copy of the part only: the whole tensor (often a memory-mapped file) is never moved to the device.
+  // A copy of the part only: the whole tensor (read into host memory) is never moved to the device.
   return whole.narrow(dim, shard.begin, shard.length).to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true)
       .contiguous();
 }
