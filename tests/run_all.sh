@@ -70,5 +70,7 @@ fi
 step "pytest"
 # One intra-op thread per process: the API tests run a server process beside the test process, and
 # OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
-OMP_NUM_THREADS=1 "$PY" -m pytest -q "$@"
+# -X faulthandler keeps the Python stacks dump on after pytest's own handler is gone: a crash at interpreter exit
+# (after the last test) then shows which thread was where.
+OMP_NUM_THREADS=1 "$PY" -X faulthandler -m pytest -q "$@"
 step "all tests passed"

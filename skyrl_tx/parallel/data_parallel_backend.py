@@ -104,8 +104,19 @@ def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int
     except InvalidArgumentError as exc:  # a configuration that cannot work: do not rejoin (exit code 2)
         logging.basicConfig(level=logging.INFO)
         log.error("rank %d: %s", rank, exc.message)
-        sys.exit(2)
+        _end_rank(2)
     channel.serve()
+    _end_rank(0)
+
+
+def _end_rank(code: int) -> None:
+    """Ends a rank that joined a group without running interpreter teardown: Gloo's threads are still up then, and
+    tearing the group down at exit sometimes aborts ("terminate called without an active exception", exit code -6),
+    which `skyrl-tx worker` would read as a crash and rejoin instead of reporting the configuration error."""
+    logging.shutdown()  # flushes the handlers
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class _Channel:
