@@ -15,17 +15,11 @@ from skyrl_tx.errors import InvalidArgumentError
 # Keys of the seed Configuration page accepted as written, and the setting each one is.
 SEED_KEYS = {"generator.inference_engine.num_engines": "num_inference_engines",
              "generator.inference_engine.tensor_parallel_size": "inference_engine_tensor_parallel_size",
+             "generator.inference_engine.gpu_memory_utilization": "gpu_memory_utilization",
              "trainer.placement.colocate_all": "colocate_all", "generator.colocate_all": "colocate_all",
              "trainer.placement.policy_num_gpus_per_node": "fully_sharded_data_parallel_size",
              # the seed README's: rows decoding at once (its 0, "the whole batch", has no bound here: refused)
              "sample_max_num_sequences": "max_sampling_sequences"}
-# Seed keys with no counterpart here, and what to set instead.
-SEED_KEYS_NOT_BUILT = {
-    "generator.inference_engine.gpu_memory_utilization": "the KV cache is sized by max_sampling_sequences x "
-                                                         "max_sampling_length per engine; set those instead",
-}
-
-
 @dataclass(frozen=True)
 class BackendSettings:
     """Compute settings of one base model. Every field is a --backend-config key."""
@@ -43,6 +37,12 @@ class BackendSettings:
     gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
     max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
+    # The KV cache by a budget instead of max_sampling_sequences rows (give one of the three): kv_cache_tokens
+    # tokens (rows = kv_cache_tokens // max_sampling_length; any device), or on a GPU the rows that fit in this
+    # fraction of the device's memory once the weights are loaded (the seeds' gpu_memory_utilization; C++ core:
+    # sampling/kv_budget.h). Each KV cache of the engine (the base model's; a full fine-tune's) gets these rows.
+    kv_cache_tokens: int = 0
+    gpu_memory_utilization: float = 0.0
     # Largest k a sample request may ask of top-k logprobs (prompt or sampled positions) and alternative draws: each
     # position's k pairs are kept and sent, so k bounds a response's size (hosted Tinker caps it at 20 too).
     max_logprobs_k: int = 20
@@ -115,9 +115,6 @@ class BackendSettings:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BackendSettings:
-        for key, instead in SEED_KEYS_NOT_BUILT.items():
-            if key in raw:
-                raise InvalidArgumentError(f"--backend-config: {key} is not supported: {instead}")
         aliased = [k for k in raw if k in SEED_KEYS]
         duplicate = [k for k in aliased if SEED_KEYS[k] in raw or sum(SEED_KEYS[a] == SEED_KEYS[k] for a in aliased) > 1]
         if duplicate:
@@ -131,14 +128,47 @@ class BackendSettings:
         defaults = cls()
         for key, value in raw.items():
             expected = type(getattr(defaults, key))
+            if expected is float and type(value) is int:  # JSON writes 1.0 as 1
+                value = raw[key] = float(value)
             if type(value) is not expected:
                 raise InvalidArgumentError(f"--backend-config: {key} must be of type {expected.__name__} "
                                            f"(got {value!r})")
+        cls._size_kv_cache(raw, defaults)
         settings = cls(**raw)
         settings.validate()
         return settings
 
+    @staticmethod
+    def _size_kv_cache(raw: dict[str, Any], defaults: BackendSettings) -> None:
+        """One of max_sampling_sequences, kv_cache_tokens and gpu_memory_utilization sizes the KV cache;
+        kv_cache_tokens sets max_sampling_sequences in `raw`. (A max_sampling_sequences equal to what kv_cache_tokens
+        gives is no conflict: settings are passed on to ranks and engines as dicts.)"""
+        tokens, fraction = raw.get("kv_cache_tokens", 0), raw.get("gpu_memory_utilization", 0.0)
+        rows = raw.get("max_sampling_sequences", defaults.max_sampling_sequences)
+        if tokens > 0:  # (negative: validate() says so)
+            length = raw.get("max_sampling_length", defaults.max_sampling_length)
+            if tokens < max(length, 2):
+                raise InvalidArgumentError(f"--backend-config: kv_cache_tokens={tokens} holds less than one sequence "
+                                           f"of max_sampling_length={length} tokens: raise kv_cache_tokens or lower "
+                                           "max_sampling_length")
+            raw["max_sampling_sequences"] = tokens // length
+        given = [k for k, on in (("max_sampling_sequences", rows != defaults.max_sampling_sequences
+                                  and not (tokens > 0 and rows == raw["max_sampling_sequences"])),
+                                 ("kv_cache_tokens", tokens > 0), ("gpu_memory_utilization", fraction > 0)) if on]
+        if len(given) > 1:
+            raise InvalidArgumentError(f"--backend-config: {' and '.join(given)} each size the KV cache; give one")
+
     def validate(self) -> None:
+        if self.kv_cache_tokens < 0:
+            raise InvalidArgumentError(f"--backend-config: kv_cache_tokens must be >= 0 (0: max_sampling_sequences "
+                                       f"rows; got {self.kv_cache_tokens})")
+        if not 0.0 <= self.gpu_memory_utilization <= 1.0:
+            raise InvalidArgumentError(f"--backend-config: gpu_memory_utilization must be in (0, 1] (the fraction "
+                                       f"of the GPU's memory this engine may fill; got {self.gpu_memory_utilization})")
+        if self.gpu_memory_utilization > 0 and not self.device.startswith("cuda"):
+            raise InvalidArgumentError("--backend-config: gpu_memory_utilization sizes the KV cache from a GPU's "
+                                       f"memory, but device is {self.device!r}: on a CPU give kv_cache_tokens (or "
+                                       "max_sampling_sequences) instead")
         for key in ("recovery_snapshot_every_steps", "recovery_snapshot_every_s", "futures_retention_hours"):
             if not getattr(self, key) >= 0:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 0 (got {getattr(self, key)})")

@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "loss/token_logprobs.h"
+#include "sampling/kv_budget.h"
 
 namespace skyrl_tx::backend {
 
@@ -42,6 +43,9 @@ void BackendConfig::validate() const {
   SKYRL_TX_CHECK(train_micro_batch_size >= 0, InvalidArgument,
                  "backend config: train_micro_batch_size must be >= 0 (0: no limit besides train_micro_batch_tokens; "
                  "got ", train_micro_batch_size, ")");
+  SKYRL_TX_CHECK(gpu_memory_utilization >= 0.0 && gpu_memory_utilization <= 1.0, InvalidArgument,
+                 "backend config: gpu_memory_utilization must be in [0, 1] (0: max_sampling_sequences rows; got ",
+                 gpu_memory_utilization, ")");
   SKYRL_TX_CHECK(zero_bucket_mb >= 1, InvalidArgument, "backend config: zero_bucket_mb must be >= 1 (got ",
                  zero_bucket_mb, ")");
   parse_dtype(dtype);
@@ -65,6 +69,20 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
                  "over the tensor-parallel ranks");
   options.split_experts = config.expert_parallel_size > 1;
   model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
+  if (config_.gpu_memory_utilization > 0.0) size_kv_cache_from_memory();
+}
+
+void Backend::size_kv_cache_from_memory() {
+  const int64_t max_len = std::min<int64_t>(config_.max_sampling_length, model_->config().max_position_embeddings);
+  const int64_t row_bytes =
+      sampling::kv_cache_row_bytes(model_->config(), max_len, model_->options().dtype, tensor_parallel().size());
+  int64_t rows = sampling::kv_rows_within_device_memory(model_->options().device, config_.gpu_memory_utilization,
+                                                        row_bytes);
+  if (tensor_parallel().enabled()) {  // every rank decodes the same rows: the fewest any rank has room for
+    at::Tensor fewest = tensor_parallel().max(at::full({1}, -rows, at::kLong));  // [1]
+    rows = -fewest.item<int64_t>();
+  }
+  config_.max_sampling_sequences = rows;
 }
 
 int64_t Backend::create_adapter(const std::string& adapter_id, const lora::LoraConfig& lora_config) {

@@ -142,9 +142,13 @@ class Backend {
 
   const models::ModelConfig& model_config() const { return model_->config(); }
   const BackendConfig& config() const { return config_; }
+  /// KV-cache rows (sequences decoding at once): the configured ones, or what gpu_memory_utilization left room for.
+  int64_t max_sampling_sequences() const { return config_.max_sampling_sequences; }
   std::vector<std::string> adapter_module_names(const std::string& adapter_id) const;
 
  private:
+  /// gpu_memory_utilization: sets max_sampling_sequences to the KV-cache rows that fit (before any cache exists).
+  void size_kv_cache_from_memory();
   std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
   const dist::TensorParallel& tensor_parallel() const { return model_->tensor_parallel(); }
   /// Under tensor parallelism each carries how the group holds it (optim::TrainableTensor::split).

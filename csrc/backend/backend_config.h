@@ -19,6 +19,9 @@ struct BackendConfig {
   bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
   int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
   int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence
+  // On a GPU, > 0: the KV cache gets the rows that fit in this fraction of the device's memory after the weights
+  // (and whatever else is on it) are counted; max_sampling_sequences is then set from it (sampling/kv_budget.h).
+  double gpu_memory_utilization = 0.0;
   int64_t max_logprobs_k = 20;              // largest top-k logprobs / alternative draws per position
   bool prefix_caching = true;               // reuse cached prompt prefixes of immutable weights (base, snapshots)
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)

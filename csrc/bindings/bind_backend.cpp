@@ -25,6 +25,7 @@ void bind_backend(py::module_& m) {
            Release())
       .def("create_adapter", &Backend::create_adapter, py::arg("adapter_id"), py::arg("lora_config"), Release())
       .def("remove_adapter", &Backend::remove_adapter, py::arg("adapter_id"), Release())
+      .def("max_sampling_sequences", &Backend::max_sampling_sequences)
       .def("set_adapter_weights", &Backend::set_adapter_weights, py::arg("adapter_id"), py::arg("weights"), Release())
       .def("get_adapter_weights", &Backend::get_adapter_weights, py::arg("adapter_id"), Release())
       .def("adapter_module_names", &Backend::adapter_module_names, py::arg("adapter_id"))

@@ -133,6 +133,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("gradient_checkpointing", &BackendConfig::gradient_checkpointing)
       .def_readwrite("max_sampling_sequences", &BackendConfig::max_sampling_sequences)
       .def_readwrite("max_sampling_length", &BackendConfig::max_sampling_length)
+      .def_readwrite("gpu_memory_utilization", &BackendConfig::gpu_memory_utilization)
       .def_readwrite("max_resident_snapshots", &BackendConfig::max_resident_snapshots)
       .def_readwrite("cuda_graphs", &BackendConfig::cuda_graphs)
       .def_readwrite("zero_bucket_mb", &BackendConfig::zero_bucket_mb)

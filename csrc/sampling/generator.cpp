@@ -64,7 +64,8 @@ void Generator::validate(SampleRequest& request) const {
                  " is outside [0, ", vocab, ")");
   SKYRL_TX_CHECK(request.num_samples >= 1 && request.num_samples <= config_.max_sequences, InvalidArgument,
                  "sample: num_samples must be in [1, ", config_.max_sequences, "] (got ", request.num_samples,
-                 "); max_sampling_sequences in --backend-config sets the upper bound");
+                 "): the KV cache's rows, set by max_sampling_sequences, kv_cache_tokens or gpu_memory_utilization in "
+                 "--backend-config");
   const int64_t total = request.prompt.numel() + request.params.max_tokens;
   SKYRL_TX_CHECK(total <= config_.max_length, InvalidArgument, "sample: prompt (", request.prompt.numel(),
                  " tokens) + max_tokens (", request.params.max_tokens, ") = ", total,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +19,17 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
-from skyrl_tx.types import (CustomLossGraph, Datum, DimuonParams, OptimParams, SampledSequence, SampleRequest,
-                            SampleResult, TrainRequest, TrainResult)
+from skyrl_tx.types import (
+    CustomLossGraph,
+    Datum,
+    DimuonParams,
+    OptimParams,
+    SampledSequence,
+    SampleRequest,
+    SampleResult,
+    TrainRequest,
+    TrainResult,
+)
 
 PEFT_PREFIX = "base_model.model."
 
@@ -43,7 +53,7 @@ HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb", "re
                       "recovery_snapshot_every_s", "futures_retention_hours", "fully_sharded_data_parallel_size",
                       "tensor_parallel_size", "num_processes", "coordinator_address", "colocate_all",
                       "num_inference_engines", "inference_engine_tensor_parallel_size", "inference_engine_timeout_s",
-                      "weight_sync_digests")
+                      "weight_sync_digests", "kv_cache_tokens")
 
 
 def _native_backend_config(settings: BackendSettings):
@@ -74,6 +84,13 @@ class NativeBackend:
             load_weights(self.model_dir),
             tensor_parallel,
         )
+        if self.settings.gpu_memory_utilization > 0:  # the core sized the KV cache from the device's memory
+            self.settings = dataclasses.replace(self.settings,
+                                                max_sampling_sequences=self._core.max_sampling_sequences())
+            logging.getLogger("skyrl_tx.backend").info(
+                "KV cache: %d rows of %d tokens fit in gpu_memory_utilization=%g of %s",
+                self.settings.max_sampling_sequences, self.settings.max_sampling_length,
+                self.settings.gpu_memory_utilization, self.settings.device)
         token_bytes = token_bytes_table(self.model_dir, self.decoder_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.decoder_config.eos_token_ids)
         self._core.set_tokenizer_info(self.eos_token_ids, token_bytes or [])

@@ -81,9 +81,12 @@ class SamplerEnginesBackend:
             self._regroup(list(range(count)))
         except _EngineLost as exc:
             raise InternalError(f"sampler engines did not start: {exc}") from exc
+        kv_cache = (f"the rows that fit in gpu_memory_utilization={settings.gpu_memory_utilization}"
+                    if settings.gpu_memory_utilization else f"{settings.max_sampling_sequences} rows")
         log.info("sampling on %d sampler engine(s) of %d tensor-parallel rank(s) each (pids %s, first devices %s), "
-                 "weights synced over c10d", count, settings.inference_engine_tensor_parallel_size,
-                 [p.pid for p in self._procs], [sampler_device(settings, i) for i in range(count)])
+                 "each with a KV cache of %s of %d tokens; weights synced over c10d", count,
+                 settings.inference_engine_tensor_parallel_size, [p.pid for p in self._procs],
+                 [sampler_device(settings, i) for i in range(count)], kv_cache, settings.max_sampling_length)
 
     def __getattr__(self, name: str) -> Any:  # only for what is not defined here
         return getattr(self._backend, name)

@@ -61,7 +61,7 @@ def test_example_core_logprobs_runs(preset_cache: Path) -> None:
     ("{not json", "not valid JSON"),
     ('{"generator.inference_engine.tensor_parallel_size": 0}', "inference_engine_tensor_parallel_size"),
     ('{"tensor_parallel_size": 2, "expert_parallel_size": 3}', "expert_parallel_size must be 1 or tensor_parallel_size"),
-    ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "set those instead"),
+    ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "on a CPU give kv_cache_tokens"),
     ('{"colocate_all": false, "trainer.placement.colocate_all": false}', "give it once"),
     ('{"inference_engine_timeout_s": 0.0}', "inference_engine_timeout_s must be > 0"),
 ])

@@ -1,4 +1,4 @@
-// Tests sampling::KvCache: shapes, the lowest-first row allocator, copy_prefix and bytes().
+// Tests sampling::KvCache (shapes, the lowest-first row allocator, copy_prefix, bytes()) and its sizing from a budget.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "sampling/kv_budget.h"
 #include "sampling/kv_cache.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -108,6 +109,26 @@ TEST(KvCacheTest, BytesCountsKeysAndValuesOfEveryLayer) {
   EXPECT_EQ(f32.bytes(), 2 * c.num_hidden_layers * per_tensor * 4);
   KvCache bf16(c, 3, 5, at::kBFloat16, at::kCPU);
   EXPECT_EQ(bf16.bytes(), 2 * c.num_hidden_layers * per_tensor * 2);
+}
+
+TEST(KvBudgetTest, RowBytesAreWhatEachRowOfARealCacheTakes) {
+  for (const models::ModelConfig& c : {skyrl_tx::testing::tiny_qwen3_config(), skyrl_tx::testing::tiny_llama_config()}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      EXPECT_EQ(kv_cache_row_bytes(c, 7, dtype, 1) * 3, KvCache(c, 3, 7, dtype, at::kCPU).bytes());
+    }
+    // Tensor parallel: each rank holds its share of the KV heads.
+    EXPECT_EQ(kv_cache_row_bytes(c, 7, at::kFloat, 2) * 2, kv_cache_row_bytes(c, 7, at::kFloat, 1));
+    EXPECT_EQ(kv_cache_row_bytes(c, 7, at::kFloat, 2), KvCache(c, 1, 7, at::kFloat, at::kCPU, 2).bytes());
+  }
+}
+
+TEST(KvBudgetTest, DeviceMemoryBudgetNeedsACudaDevice) {
+  try {
+    kv_rows_within_device_memory(at::kCPU, 0.5, 1024);
+    FAIL() << "a CPU device has no memory fraction to size from";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_cache_tokens"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -142,3 +142,26 @@ def test_cuda_graph_decode_matches_eager_decode_and_follows_weight_updates(model
     for backend in (graphs, eager):
         backend.set_adapter_weights("b", factors_b)
     assert_same(graphs.sample(requests), eager.sample(requests))
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache_within_the_fraction(model_path: Path) -> None:
+    """The rows are what fits in the fraction of the device after the weights; the cache they make stays inside it,
+    and sampling with them equals a fixed-row cache's."""
+    from skyrl_tx.errors import InvalidArgumentError
+
+    free, total = torch.cuda.mem_get_info()
+    fraction = min(1.0, (total - free) / total + 0.02)  # ~2% of the device beyond what is in use: a few thousand rows
+    settings = BackendSettings.from_dict({"device": "cuda", "max_sampling_length": 128,
+                                          "gpu_memory_utilization": fraction})
+    budgeted = NativeBackend(model_path, settings)
+    rows = budgeted.settings.max_sampling_sequences
+    assert rows > 16, rows
+    prompt = _sequences(budgeted.decoder_config.vocab_size, [6], seed=1)[0]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    got = budgeted.sample([SampleRequest(prompt, params)])[0].sequences[0].tokens
+    free_after, _ = torch.cuda.mem_get_info()
+    assert total - free_after <= fraction * total + 64 * 2**20, (total - free_after, fraction * total)  # + workspace
+    fixed = NativeBackend(model_path, BackendSettings(device="cuda", max_sampling_length=128))
+    assert fixed.sample([SampleRequest(prompt, params)])[0].sequences[0].tokens == got
+    with pytest.raises(InvalidArgumentError, match="less than one KV-cache row"):
+        NativeBackend(model_path, BackendSettings.from_dict({"device": "cuda", "gpu_memory_utilization": 1e-6}))

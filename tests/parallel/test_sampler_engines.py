@@ -56,7 +56,9 @@ def _run(url) -> dict[str, Any]:
 # (colocated, that key does nothing: a warning).
 TRAINER_LAYOUTS = {"one-trainer-rank": {}, "two-data-parallel-ranks": {"fully_sharded_data_parallel_size": 2},
                    "two-tensor-parallel-ranks": {"tensor_parallel_size": 2},
-                   "tensor-parallel-sampler-engines": {"generator.inference_engine.tensor_parallel_size": 2}}
+                   # and each engine's KV cache sized by a token budget (2 rows of the default 2048 tokens)
+                   "tensor-parallel-sampler-engines": {"generator.inference_engine.tensor_parallel_size": 2,
+                                                       "kv_cache_tokens": 4096}}
 
 
 @pytest.fixture(scope="module", params=list(TRAINER_LAYOUTS))
@@ -80,6 +82,8 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
         engine_ranks = 2 if trainer_layout == "tensor-parallel-sampler-engines" else 1
         assert f"of {engine_ranks} tensor-parallel rank(s) each" in url.log_tail(), url.log_tail()
+        rows = 2 if trainer_layout == "tensor-parallel-sampler-engines" else 16  # kv_cache_tokens 4096, or the default
+        assert f"a KV cache of {rows} rows of 2048 tokens" in url.log_tail(), url.log_tail()
         parallel_trainer = trainer_layout in ("two-data-parallel-ranks", "two-tensor-parallel-ranks")
         assert not parallel_trainer or "parallel: 2 ranks" in url.log_tail(), url.log_tail()
         got = _run(url)

@@ -67,8 +67,9 @@ def _openai_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[
 
 
 def _check_n(request: Request, n: int) -> None:
-    most = request.app.state.settings.backend.max_sampling_sequences
-    if n > most:
+    backend = request.app.state.settings.backend
+    most = backend.max_sampling_sequences
+    if n > most and not backend.gpu_memory_utilization:  # else the engine knows its rows, and checks n itself
         raise invalid(f"n must be at most {most} here (max_sampling_sequences in --backend-config; got {n})", "n")
 
 
