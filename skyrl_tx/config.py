@@ -87,6 +87,9 @@ class BackendSettings:
     colocate_all: bool = True
     num_inference_engines: int = 1
     inference_engine_tensor_parallel_size: int = 1
+    # Each sampler engine's (first) device, e.g. ["cuda:4", "cuda:6"] (an engine of T tensor-parallel ranks takes T
+    # devices from there); empty: the devices after the trainer's. The trainer's first device is `device`.
+    inference_engine_devices: tuple[str, ...] = ()
     # A sampler engine that says nothing this long while it owes results (it reports at least every second while
     # decoding) is taken for hung: it is killed and the engine restarts with fresh ones, as after a crash.
     inference_engine_timeout_s: float = 60.0
@@ -130,6 +133,8 @@ class BackendSettings:
             expected = type(getattr(defaults, key))
             if expected is float and type(value) is int:  # JSON writes 1.0 as 1
                 value = raw[key] = float(value)
+            if expected is tuple and type(value) is list and all(type(v) is str for v in value):  # JSON's arrays
+                value = raw[key] = tuple(value)
             if type(value) is not expected:
                 raise InvalidArgumentError(f"--backend-config: {key} must be of type {expected.__name__} "
                                            f"(got {value!r})")
@@ -157,6 +162,37 @@ class BackendSettings:
                                  ("kv_cache_tokens", tokens > 0), ("gpu_memory_utilization", fraction > 0)) if on]
         if len(given) > 1:
             raise InvalidArgumentError(f"--backend-config: {' and '.join(given)} each size the KV cache; give one")
+
+    def _validate_engine_devices(self) -> None:
+        """inference_engine_devices: one per engine, of the trainer's kind, none shared with the trainer's ranks on
+        this node or another engine's ranks."""
+        given = self.inference_engine_devices
+        if not given:
+            return
+        where = "--backend-config: inference_engine_devices"
+        if self.colocate_all:
+            raise InvalidArgumentError(f"{where} places sampler engines, which only colocate_all false starts; set "
+                                       "colocate_all false or leave the key out")
+        if len(given) != self.num_inference_engines:
+            raise InvalidArgumentError(f"{where} names {len(given)} device(s) for num_inference_engines="
+                                       f"{self.num_inference_engines}: give one (first) device per engine")
+        if self.device == "cpu":
+            if any(d != "cpu" for d in given):
+                raise InvalidArgumentError(f"{where} must all be 'cpu' when device is 'cpu' (got {list(given)})")
+            return
+        if not all(d.startswith("cuda:") and d[5:].isdigit() for d in given):
+            raise InvalidArgumentError(f"{where} must be 'cuda:N' devices like the trainer's {self.device!r} "
+                                       f"(got {list(given)})")
+        first = int(self.device.split(":", 1)[1]) if ":" in self.device else 0
+        trainer_here = self.fully_sharded_data_parallel_size * self.tensor_parallel_size // max(self.num_processes, 1)
+        taken = {i: "the trainer" for i in range(first, first + trainer_here)}
+        for engine, device in enumerate(given):
+            start = int(device[5:])
+            for index in range(start, start + self.inference_engine_tensor_parallel_size):
+                if index in taken:
+                    raise InvalidArgumentError(f"{where}: sampler engine {engine} would use cuda:{index}, which "
+                                               f"{taken[index]} uses; give each engine devices of its own")
+                taken[index] = f"sampler engine {engine}"
 
     def validate(self) -> None:
         if self.kv_cache_tokens < 0:
@@ -202,6 +238,7 @@ class BackendSettings:
             raise InvalidArgumentError("--backend-config: inference_engine_tensor_parallel_size (generator."
                                        "inference_engine.tensor_parallel_size) must be >= 1 (got "
                                        f"{self.inference_engine_tensor_parallel_size})")
+        self._validate_engine_devices()
         if self.max_sampling_length < 2:
             raise InvalidArgumentError(f"--backend-config: max_sampling_length must be >= 2 (got {self.max_sampling_length})")
         if self.dtype not in ("float32", "bfloat16"):

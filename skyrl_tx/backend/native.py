@@ -53,7 +53,7 @@ HOST_ONLY_SETTINGS = ("num_threads", "sampling_share", "snapshot_memory_mb", "re
                       "recovery_snapshot_every_s", "futures_retention_hours", "fully_sharded_data_parallel_size",
                       "tensor_parallel_size", "num_processes", "coordinator_address", "colocate_all",
                       "num_inference_engines", "inference_engine_tensor_parallel_size", "inference_engine_timeout_s",
-                      "weight_sync_digests", "kv_cache_tokens")
+                      "weight_sync_digests", "kv_cache_tokens", "inference_engine_devices")
 
 
 def _native_backend_config(settings: BackendSettings):

@@ -370,7 +370,8 @@ class SamplerEnginesBackend:
             settings = {**dataclasses.asdict(self._settings), "colocate_all": True, "num_inference_engines": 1,
                         "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
                         "tensor_parallel_size": self._settings.inference_engine_tensor_parallel_size,
-                        "inference_engine_tensor_parallel_size": 1, "device": sampler_device(self._settings, index)}
+                        "inference_engine_tensor_parallel_size": 1, "inference_engine_devices": (),
+                        "device": sampler_device(self._settings, index)}
             proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings, index + 1,
                                                                      count + 1, address, child),
                                    # a daemon may not start processes: a tensor-parallel engine starts its ranks
@@ -418,7 +419,9 @@ class SamplerEnginesBackend:
 def sampler_device(settings: BackendSettings, index: int) -> str:
     """Sampler engine `index`'s (first) device: on a GPU node the devices after the trainer's ranks (with 2 trainer
     ranks on cuda:0 and cuda:1, the sampler engines use cuda:2, cuda:3, ...; engines of T tensor-parallel ranks
-    each take T devices in a row: cuda:2-3, cuda:4-5, ...)."""
+    each take T devices in a row: cuda:2-3, cuda:4-5, ...), or where inference_engine_devices puts it."""
+    if settings.inference_engine_devices:
+        return settings.inference_engine_devices[index]
     if settings.device == "cpu":
         return "cpu"
     first = first_cuda_index(settings.device)

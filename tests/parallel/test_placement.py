@@ -51,3 +51,28 @@ def test_a_worker_node_finds_its_place_in_a_launchers_environment() -> None:
     assert node_process_from_env(slurm, "h:1", 2, 1) == ("h:1", 2, 1)  # the flags win
     with pytest.raises(InvalidArgumentError, match="--process-id .*GROUP_RANK"):
         node_process_from_env({"MASTER_ADDR": "h", "MASTER_PORT": "1", "NNODES": "2"})
+
+
+def test_sampler_engines_go_where_inference_engine_devices_puts_them() -> None:
+    raw = {"device": "cuda:0", "tensor_parallel_size": 2, "colocate_all": False, "num_inference_engines": 2,
+           "inference_engine_tensor_parallel_size": 2}
+    settings = BackendSettings.from_dict({**raw, "inference_engine_devices": ["cuda:6", "cuda:3"]})
+    assert [sampler_device(settings, i) for i in range(2)] == ["cuda:6", "cuda:3"]  # cuda:6-7 and cuda:3-4
+    cpu = BackendSettings.from_dict({"colocate_all": False, "num_inference_engines": 2,
+                                     "inference_engine_devices": ["cpu", "cpu"]})
+    assert [sampler_device(cpu, i) for i in range(2)] == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize(("devices", "extra", "fragment"), [
+    (["cuda:1", "cuda:4"], {}, "sampler engine 0 would use cuda:1, which the trainer uses"),  # trainer: cuda:0-1
+    (["cuda:2", "cuda:3"], {}, "sampler engine 1 would use cuda:3, which sampler engine 0 uses"),
+    (["cuda:4"], {}, "names 1 device"),
+    (["cpu", "cuda:4"], {}, "must be 'cuda:N' devices"),
+    (["cuda:4", "cuda:6"], {"colocate_all": True}, "only colocate_all false starts"),
+    (["cuda:4", 6], {}, "inference_engine_devices must be of type tuple"),
+])
+def test_engine_devices_that_cannot_work_are_refused_by_name(devices: list, extra: dict, fragment: str) -> None:
+    raw = {"device": "cuda:0", "tensor_parallel_size": 2, "colocate_all": False, "num_inference_engines": 2,
+           "inference_engine_tensor_parallel_size": 2, "inference_engine_devices": devices, **extra}
+    with pytest.raises(InvalidArgumentError, match=fragment):
+        BackendSettings.from_dict(raw)

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from live_server import live_server
 
-DISAGGREGATED = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "max_full_models": 1}
+# (inference_engine_devices: placed explicitly; on a GPU node, e.g. ["cuda:4", "cuda:6"])
+DISAGGREGATED = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "max_full_models": 1,
+                 "inference_engine_devices": ["cpu", "cpu"]}
 COLOCATED = {"max_full_models": 1}
 VERSIONS = 3
 PROMPT = [5, 17, 3, 250, 41, 9]
