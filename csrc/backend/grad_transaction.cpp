@@ -74,6 +74,10 @@ void GradTransaction::sum_partial_over(const dist::TensorParallel& tp) {
     if (!g.module->slot_enabled(g.slot)) continue;
     if (g.split == dist::TpSplit::kColumn) partial.push_back(g.module->slot_grad_a(g.slot));
     if (g.split == dist::TpSplit::kRow) partial.push_back(g.module->slot_grad_b(g.slot));
+    if (g.split == dist::TpSplit::kPartial) {
+      partial.push_back(g.module->slot_grad_a(g.slot));
+      partial.push_back(g.module->slot_grad_b(g.slot));
+    }
   }
   for (ParamGrad& p : params_) {
     if (!p.partial) continue;

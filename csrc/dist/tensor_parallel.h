@@ -24,6 +24,8 @@ enum class TpSplit {
   kColumn,      // output features sharded (W [out/tp, in], B [out/tp, r]); A replicated, its gradient partial
   kRow,         // input features sharded (W [out, in/tp], A [r, in/tp]); B replicated, its gradient partial
   kOwned,       // expert parallelism: one rank holds the whole layer (an expert), the others an empty one
+  kPartial,     // every rank holds all of it, but only its heads use the output (MLA's q_a / kv_a projections):
+                // both factors' gradients are partial
 };
 
 /// How one tensor is held across a tensor-parallel group, and its shape in one process.

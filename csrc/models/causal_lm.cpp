@@ -17,13 +17,14 @@ const ModelConfig& validated(const ModelConfig& config, const dist::TensorParall
   const ArchitectureSpec& arch = find_architecture(config.architecture);
   // Mixture-of-experts layers run whole on every rank (experts, router and shared experts replicated: same input,
   // same output, same gradients); their attention, dense MLPs and vocabulary are split.
-  SKYRL_TX_CHECK(arch.attention != AttentionKind::kMla && !config.has_linear_attention(), InvalidArgument,
-                 "tensor_parallel_size ", size, ": ", config.architecture, " is not split over ranks yet (grouped-"
-                 "query attention models are: Qwen3, Qwen3 MoE, Llama 3); use tensor_parallel_size 1 with "
-                 "fully_sharded_data_parallel_size for several devices");
+  SKYRL_TX_CHECK(!config.has_linear_attention(), InvalidArgument, "tensor_parallel_size ", size, ": ",
+                 config.architecture, " is not split over ranks yet (its Gated DeltaNet layers; Qwen3, Qwen3 MoE, "
+                 "Llama 3 and DeepSeek V3 are); use tensor_parallel_size 1 with fully_sharded_data_parallel_size "
+                 "for several devices");
   const std::vector<MlpKind> mlps = mlp_layout(config);
   const bool dense_mlps = std::find(mlps.begin(), mlps.end(), MlpKind::kDense) != mlps.end();
-  SKYRL_TX_CHECK(config.num_attention_heads % size == 0 && config.num_key_value_heads % size == 0 &&
+  const bool mla = arch.attention == AttentionKind::kMla;  // its one latent is whole on every rank: no KV heads
+  SKYRL_TX_CHECK(config.num_attention_heads % size == 0 && (mla || config.num_key_value_heads % size == 0) &&
                      (!dense_mlps || config.intermediate_size % size == 0),
                  InvalidArgument, "tensor_parallel_size ", size, " must divide the model's attention heads (",
                  config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
@@ -127,9 +128,15 @@ bool CausalLM::partial_gradient(const std::string& name) const {
     const std::string s(suffix);
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  // The router's weights get only this rank's experts' share when the experts are split.
-  return ends_with(".self_attn.q_norm.weight") || ends_with(".self_attn.k_norm.weight") ||
-         (options_.split_experts && ends_with(".mlp.gate.weight"));
+  // The router's weights get only this rank's experts' share when the experts are split. MLA's low-rank q_a /
+  // kv_a projections and norms feed every head, and each rank's heads give their share.
+  for (const char* suffix : {".self_attn.q_norm.weight", ".self_attn.k_norm.weight", ".self_attn.q_a_proj.weight",
+                             ".self_attn.q_a_proj.bias", ".self_attn.q_a_layernorm.weight",
+                             ".self_attn.kv_a_proj_with_mqa.weight", ".self_attn.kv_a_proj_with_mqa.bias",
+                             ".self_attn.kv_a_layernorm.weight"}) {
+    if (ends_with(suffix)) return true;
+  }
+  return options_.split_experts && ends_with(".mlp.gate.weight");
 }
 
 std::vector<NamedParameter> CausalLM::named_parameters() const {

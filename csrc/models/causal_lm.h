@@ -57,7 +57,7 @@ class CausalLM {
   at::Tensor logits(const at::Tensor& hidden, const lora::AdapterSegments& segments) const;
   const dist::TensorParallel& tensor_parallel() const { return options_.tensor_parallel; }
   /// The KV heads this rank caches (its share under tensor parallelism).
-  int64_t local_kv_heads() const { return config_.cache_kv_heads() / options_.tensor_parallel.size(); }
+  int64_t local_kv_heads() const { return config_.cache_kv_heads_per_rank(options_.tensor_parallel.size()); }
   /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
   /// Under tensor parallelism a split tensor is this rank's part (parameter_split says which).
   std::vector<NamedParameter> named_parameters() const;

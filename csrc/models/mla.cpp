@@ -33,7 +33,8 @@ lora::AdapterSegments repeat_tokens(const lora::AdapterSegments& segments, int64
 }
 
 MlaAttention::MlaAttention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
-    : heads_(config.num_attention_heads),
+    : tp_(ctx.tensor_parallel),
+      heads_(config.num_attention_heads / tp_.size()),
       kv_lora_rank_(config.kv_lora_rank),
       nope_(config.qk_nope_head_dim),
       rope_(config.qk_rope_head_dim),
@@ -42,11 +43,14 @@ MlaAttention::MlaAttention(const ModelConfig& config, BuildContext& ctx, const s
       scale_(softmax_scale(config)),
       kv_a_proj_(make_lora_linear(ctx, prefix + ".kv_a_proj_with_mqa", kv_lora_rank_ + rope_, config.hidden_size,
                                   config.attention_bias)),
-      kv_b_proj_(make_lora_linear(ctx, prefix + ".kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_rank_, false)),
-      o_proj_(make_lora_linear(ctx, prefix + ".o_proj", config.hidden_size, heads_ * v_dim_, config.attention_bias)),
+      // Rows are head-major ([heads, nope + v] and [heads, nope + rope] for q): a contiguous shard is whole heads.
+      kv_b_proj_(make_parallel_linear(ctx, prefix + ".kv_b_proj", config.num_attention_heads * (nope_ + v_dim_),
+                                      kv_lora_rank_, false, dist::TpSplit::kColumn)),
+      o_proj_(make_parallel_linear(ctx, prefix + ".o_proj", config.hidden_size, config.num_attention_heads * v_dim_,
+                                   config.attention_bias, dist::TpSplit::kRow, &o_bias_)),
       // transformers builds kv_a_layernorm and q_a_layernorm with the default eps 1e-6, not rms_norm_eps.
       kv_a_norm_(ctx.weights.take(prefix + ".kv_a_layernorm.weight", {kv_lora_rank_}), 1e-6) {
-  const int64_t q_out = heads_ * (nope_ + rope_);
+  const int64_t q_out = config.num_attention_heads * (nope_ + rope_);  // whole; each rank takes its heads
   if (config.q_lora_rank > 0) {
     q_a_proj_ = std::make_unique<lora::LoraLinear>(
         make_lora_linear(ctx, prefix + ".q_a_proj", config.q_lora_rank, config.hidden_size, config.attention_bias));
@@ -54,10 +58,10 @@ MlaAttention::MlaAttention(const ModelConfig& config, BuildContext& ctx, const s
     q_a_norm_ = std::make_unique<RmsNorm>(ctx.weights.take(prefix + ".q_a_layernorm.weight", {config.q_lora_rank}),
                                           1e-6);
     q_b_proj_ = std::make_unique<lora::LoraLinear>(
-        make_lora_linear(ctx, prefix + ".q_b_proj", q_out, config.q_lora_rank, false));
+        make_parallel_linear(ctx, prefix + ".q_b_proj", q_out, config.q_lora_rank, false, dist::TpSplit::kColumn));
   } else {
-    q_proj_ = std::make_unique<lora::LoraLinear>(make_lora_linear(ctx, prefix + ".q_proj", q_out, config.hidden_size,
-                                                                  false));
+    q_proj_ = std::make_unique<lora::LoraLinear>(
+        make_parallel_linear(ctx, prefix + ".q_proj", q_out, config.hidden_size, false, dist::TpSplit::kColumn));
   }
 }
 
@@ -80,7 +84,8 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
   const int64_t batch = x.size(0), seq = x.size(1);
-  at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
+  // [N, hidden]; its gradient sums every rank's (each one's heads' share, through the whole q_a / kv_a path too)
+  at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));
   at::Tensor q = q_proj_ ? q_proj_->forward(flat, segments)
                          : q_b_proj_->forward(q_a_norm_->forward(q_a_proj_->forward(flat, segments)), segments);
   q = q.view({batch, seq, heads_, nope_ + rope_}).transpose(1, 2);  // [B, heads, T, nope + rope]
@@ -123,16 +128,23 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
   // [B, heads, T, v]; V is narrower than Q and K, which SDPA allows.
   at::Tensor attn = at::scaled_dot_product_attention(query, k, v, attn_mask, 0.0, causal, scale_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, heads_ * v_dim_});
-  return o_proj_.forward(merged, segments).view({batch, seq, -1});
+  at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]
+  if (o_bias_.defined()) out = out + o_bias_;
+  return out.view({batch, seq, -1});
 }
 
 void MlaAttention::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  if (q_proj_) out.push_back({prefix + ".q_proj", LoraGroup::kAttention, q_proj_.get()});
-  if (q_a_proj_) out.push_back({prefix + ".q_a_proj", LoraGroup::kAttention, q_a_proj_.get()});
-  if (q_b_proj_) out.push_back({prefix + ".q_b_proj", LoraGroup::kAttention, q_b_proj_.get()});
-  out.push_back({prefix + ".kv_a_proj_with_mqa", LoraGroup::kAttention, &kv_a_proj_});
-  out.push_back({prefix + ".kv_b_proj", LoraGroup::kAttention, &kv_b_proj_});
-  out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_});
+  const auto split = [&](dist::TpSplit s) { return tp_.enabled() ? s : dist::TpSplit::kReplicated; };
+  if (q_proj_) out.push_back({prefix + ".q_proj", LoraGroup::kAttention, q_proj_.get(), split(dist::TpSplit::kColumn)});
+  if (q_a_proj_) {
+    out.push_back({prefix + ".q_a_proj", LoraGroup::kAttention, q_a_proj_.get(), split(dist::TpSplit::kPartial)});
+  }
+  if (q_b_proj_) {
+    out.push_back({prefix + ".q_b_proj", LoraGroup::kAttention, q_b_proj_.get(), split(dist::TpSplit::kColumn)});
+  }
+  out.push_back({prefix + ".kv_a_proj_with_mqa", LoraGroup::kAttention, &kv_a_proj_, split(dist::TpSplit::kPartial)});
+  out.push_back({prefix + ".kv_b_proj", LoraGroup::kAttention, &kv_b_proj_, split(dist::TpSplit::kColumn)});
+  out.push_back({prefix + ".o_proj", LoraGroup::kAttention, &o_proj_, split(dist::TpSplit::kRow)});
 }
 
 void MlaAttention::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
@@ -149,6 +161,7 @@ void MlaAttention::collect_parameters(const std::string& prefix, std::vector<Nam
   out.emplace_back(prefix + ".kv_a_layernorm.weight", kv_a_norm_.weight());
   linear("kv_b_proj", &kv_b_proj_);
   linear("o_proj", &o_proj_);
+  if (o_bias_.defined()) out.emplace_back(prefix + ".o_proj.bias", o_bias_);
 }
 
 }  // namespace skyrl_tx::models

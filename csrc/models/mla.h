@@ -15,6 +15,9 @@ namespace skyrl_tx::models {
 /// [kv_lora_rank] (normalised by kv_a_layernorm) and one shared RoPE key [qk_rope_head_dim]; kv_b_proj expands the
 /// latent to per-head [k_nope | v]. Generation caches latent + rotated RoPE key per token (kv_lora_rank +
 /// qk_rope_head_dim values) and expands the cached latents at every step (DeepSeek-AI 2024, "DeepSeek-V2", sec. 2.1).
+/// Tensor parallel: q_proj / q_b_proj and kv_b_proj are split by heads (column-parallel), o_proj by their inputs
+/// (row-parallel); the low-rank q_a / kv_a projections, their norms and the cached latent stay whole on every rank,
+/// each rank expanding the latent into its own heads (so their gradients are partial: summed over the group).
 class MlaAttention : public AttentionModule {
  public:
   MlaAttention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
@@ -25,11 +28,13 @@ class MlaAttention : public AttentionModule {
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
 
  private:
-  int64_t heads_, kv_lora_rank_, nope_, rope_, v_dim_;
+  const dist::TensorParallel& tp_;
+  int64_t heads_, kv_lora_rank_, nope_, rope_, v_dim_;  // heads_: this rank's
   bool interleave_;
   double scale_;  // qk_head_dim^-0.5, times YaRN's mscale^2
   std::unique_ptr<lora::LoraLinear> q_proj_, q_a_proj_, q_b_proj_;  // q_proj, or q_a/q_b with q_a_norm_
   std::unique_ptr<RmsNorm> q_a_norm_;
+  at::Tensor o_bias_;  // tensor parallel with a bias: o_proj's, added once after the sum (before o_proj_: it sets it)
   lora::LoraLinear kv_a_proj_, kv_b_proj_, o_proj_;
   RmsNorm kv_a_norm_;
 

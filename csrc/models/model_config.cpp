@@ -95,6 +95,11 @@ int64_t ModelConfig::cache_kv_heads() const {
   return find_architecture(architecture).attention == AttentionKind::kMla ? 1 : num_key_value_heads;
 }
 
+int64_t ModelConfig::cache_kv_heads_per_rank(int64_t tensor_parallel_size) const {
+  return find_architecture(architecture).attention == AttentionKind::kMla ? 1
+                                                                          : num_key_value_heads / tensor_parallel_size;
+}
+
 int64_t ModelConfig::cache_key_dim() const {
   return find_architecture(architecture).attention == AttentionKind::kMla ? kv_lora_rank + qk_rope_head_dim
                                                                            : resolved_head_dim();

@@ -83,6 +83,9 @@ struct ModelConfig {
   /// What the KV cache holds per layer and token: GQA: [kv_heads, head_dim] K and V; MLA: the compressed latent,
   /// one "head" of kv_lora_rank + qk_rope_head_dim, and no V (0).
   int64_t cache_kv_heads() const;
+  /// The KV heads one of `tensor_parallel_size` ranks caches: its share of GQA's, or MLA's whole latent (every rank
+  /// expands it into its own heads).
+  int64_t cache_kv_heads_per_rank(int64_t tensor_parallel_size) const;
   int64_t cache_key_dim() const;
   int64_t cache_value_dim() const;
   /// Throws InvalidArgument naming the first inconsistent field.

@@ -25,8 +25,8 @@ KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t ma
       continue;
     }
     // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim);
-    // tensor parallel: this rank's KV heads only
-    const int64_t kv_heads = config.cache_kv_heads() / tensor_parallel_size;
+    // tensor parallel: this rank's KV heads only (MLA: the whole latent on every rank)
+    const int64_t kv_heads = config.cache_kv_heads_per_rank(tensor_parallel_size);
     keys_.push_back(at::zeros({max_rows, kv_heads, max_len, config.cache_key_dim()}, options));
     values_.push_back(at::zeros({max_rows, kv_heads, max_len, config.cache_value_dim()}, options));
     conv_states_.emplace_back();

@@ -225,9 +225,10 @@ def _odd_vocabulary_copy(source, dest):
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe", "tiny-qwen3-moe-ep2",
-                                    "odd-vocabulary"])
+                                    "tiny-deepseek-v3-ep2", "odd-vocabulary"])
 def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: str) -> None:
-    """tiny-qwen3-moe: experts whole on every rank; -ep2: expert_parallel_size 2, 4 of the 8 experts on each rank."""
+    """tiny-qwen3-moe: experts whole on every rank; -ep2: expert_parallel_size 2, 4 of the 8 experts on each rank.
+    tiny-deepseek-v3: MLA split by heads (its latent whole on every rank, and cached whole), with experts split."""
     if preset == "odd-vocabulary":
         model_dir = str(_odd_vocabulary_copy(tiny_model_dir("tiny-qwen3"), tmp_path / "tiny-qwen3-odd-vocabulary"))
     else:
@@ -252,3 +253,27 @@ def test_data_parallel_by_tensor_parallel_equals_one_process(tiny_model_dir) -> 
     for rank, got in ranks.items():
         assert isinstance(got, dict), f"rank {rank}:\n{got}"
         _assert_same(got, single, f"dp2xtp2 rank {rank}")
+
+
+def _refusal_main(model_dir: str, rank: int, port: int, out: Any) -> None:
+    from skyrl_tx.errors import InvalidArgumentError
+
+    try:
+        _backend(model_dir, rank, 2, 2, port)
+        out.put((rank, "accepted"))
+    except InvalidArgumentError as exc:
+        out.put((rank, exc.message))
+    except Exception:  # noqa: BLE001
+        out.put((rank, traceback.format_exc()))
+
+
+def test_a_model_not_split_yet_is_refused_by_name_on_every_rank(tiny_model_dir) -> None:
+    """Qwen3.5's Gated DeltaNet layers are not split: every rank stops at load, saying what to use instead."""
+    context = multiprocessing.get_context("spawn")
+    out, port = context.Queue(), free_port()
+    procs = [context.Process(target=_refusal_main, args=(str(tiny_model_dir("tiny-qwen3.5")), r, port, out),
+                             daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    for rank, message in collect_rank_reports(procs, out, 2, 120, "tp2 refusal").items():
+        assert "Gated DeltaNet" in message and "fully_sharded_data_parallel_size" in message, (rank, message)
