@@ -50,7 +50,8 @@ at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape
   }
   at::Tensor whole = std::move(it->second);
   weights_.erase(it);
-  // A copy of the part only: the whole tensor (read into host memory) is never moved to the device.
+  // A copy of the part only: the whole tensor (a view of the file's memory map: only the part's pages are read when
+  // the split is by rows) is never moved to the device.
   return whole.narrow(dim, shard.begin, shard.length).to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true)
       .contiguous();
 }
@@ -64,7 +65,9 @@ at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef s
     mismatched_.push_back(str_cat(name, " (got ", shape_str(t), ", expected ", shape, ")"));
     return at::zeros(shape, at::TensorOptions().dtype(dtype_).device(device_));
   }
-  return t.to(device_, dtype_).contiguous();
+  // Always a copy: `t` may be a view of the checkpoint file's memory map (models/safetensors_mmap.py), which the
+  // model must not keep (a file replaced under a running server would take its weights with it).
+  return t.to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
 at::Tensor WeightStore::take(const std::string& name, at::IntArrayRef shape) {

@@ -164,6 +164,15 @@ TEST(DecoderLayer, MatchesPreNormResidualFormulaWithLora) {
   EXPECT_FALSE(at::allclose(adapted, base, 1e-3, 1e-3));
 }
 
+TEST(WeightStore, TakesACopyEvenInTheComputeDtypeAndDevice) {
+  // A checkpoint's tensors are views of the file's memory map: the model must own its weights.
+  at::Tensor mapped = at::arange(12, at::kFloat).view({3, 4});
+  WeightStore store({{"w", mapped}}, at::kFloat, at::kCPU);
+  at::Tensor taken = store.take("w", {3, 4});
+  EXPECT_NE(taken.data_ptr(), mapped.data_ptr());
+  EXPECT_TRUE(at::equal(taken, mapped));
+}
+
 TEST(WeightStore, ReportsMissingUnexpectedAndMisshapedKeysAtOnce) {
   ModelConfig c = skyrl_tx::testing::tiny_qwen3_config();
   at::Generator gen = make_gen(9);
