@@ -38,5 +38,6 @@ def test_loading_makes_no_private_copy_and_writes_stay_in_this_process(tmp_path)
     assert grown < 16 << 20, f"{grown / 2**20:.1f} MiB private after reading a 96 MiB tensor: copied, not mapped"
     assert int(weights["model.a"][-1, -1]) == (24 << 20) - 1
     weights["model.b"].fill_(7)  # copy-on-write: this process's page only
-    assert torch.equal(load_file(str(tmp_path / "model.safetensors"))["model.b"], torch.ones(3, 5, dtype=torch.bfloat16))
+    on_disk = load_file(str(tmp_path / "model.safetensors"))["model.b"]
+    assert torch.equal(on_disk, torch.ones(3, 5, dtype=torch.bfloat16))
 
