@@ -77,6 +77,8 @@ class NativeBackend:
         ranks each keep their shard of the weights read here and make every call together."""
         self.model_dir = Path(model_dir)
         self.settings = settings or BackendSettings()
+        self.tensor_parallel_rank = tensor_parallel.rank if tensor_parallel is not None else 0
+        self._weight_sync: Any = None  # a sampler engine's rank: its place in the trainer's sync group
         self.decoder_config = load_decoder_config(self.model_dir)
         self._core = load_extension().Backend(
             _native_model_config(self.decoder_config),
@@ -246,6 +248,35 @@ class NativeBackend:
 
     def has_snapshot(self, snapshot_id: str) -> bool:
         return self._core.has_snapshot(snapshot_id)
+
+    # ---- weight sync: a sampler engine's ranks, each in the trainer's sync group (parallel/weight_sync.py) ------
+    def join_weight_sync(self, address: str, first_rank: int, world: int, timeout_s: float) -> None:
+        """Joins the trainer's sync group at `address` as rank first_rank + this rank's tensor-parallel rank (every
+        rank of a tensor-parallel sampler engine receives the broadcast itself), leaving the old group first."""
+        from skyrl_tx.parallel.weight_sync import join_sync_group
+
+        self._weight_sync = None
+        self._weight_sync = join_sync_group(address, first_rank + self.tensor_parallel_rank, world, timeout_s)
+
+    def receive_weights(self, snapshot_id: str, lora: dict[str, Any] | None, resync: bool,
+                        digest: bool) -> tuple[Exception | None, str | None]:
+        """Receives the trainer's next broadcast (whole tensors; this rank keeps its part) as frozen version
+        `snapshot_id`: adapter factors when `lora` gives their shape, else full weights. A resync of a version held
+        already is received and dropped. Returns (the load's error, the weights' digest when asked); a failed
+        broadcast raises (the group is broken)."""
+        from skyrl_tx.parallel.weight_sync import weights_digest
+
+        tensors = self._weight_sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
+        try:
+            if resync and self.has_snapshot(snapshot_id):
+                pass
+            elif lora is not None:
+                self.load_snapshot(snapshot_id, tensors, **lora)
+            else:
+                self.load_frozen_model(snapshot_id, {k: v.clone() for k, v in tensors.items()})
+        except Exception as exc:  # noqa: BLE001 - the load's error, reported to the trainer, which undoes the sync
+            return exc, None
+        return None, weights_digest(tensors) if digest else None
 
     # ---- sampling -------------------------------------------------------------------------------
     def snapshot(self, model_id: str, snapshot_id: str) -> None:

@@ -44,8 +44,9 @@ COLLECTIVE_CALLS = ("forward_backward", "forward", "optim_step", "optimizer_stat
 MIRRORED_CALLS = ("create_model", "create_adapter", "remove_model", "remove_adapter", "set_adapter_weights",
                   "load_peft_adapter", "set_trainable_state", "set_optimizer_state", "restore_optimizer")
 # With tensor parallelism: calls that compute with the sharded weights or gather them, and sampling state changes.
+# join_weight_sync and receive_weights: a tensor-parallel sampler engine's ranks each join the trainer's sync group.
 TENSOR_PARALLEL_COLLECTIVE_CALLS = ("trainable_state", "adapter_state_dict", "frozen_model_weights", "sample_step",
-                                    "sample", "token_logprobs")
+                                    "sample", "token_logprobs", "join_weight_sync", "receive_weights")
 TENSOR_PARALLEL_MIRRORED_CALLS = ("snapshot", "load_snapshot", "load_frozen_model", "remove_snapshot",
                                   "submit_sample")
 COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank

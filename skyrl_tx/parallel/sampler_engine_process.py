@@ -24,31 +24,26 @@ from typing import Any
 
 from skyrl_tx.config import BackendSettings
 
-JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
-SYNC_BUCKET_BYTES = 64 << 20
 HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
 
 
 def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str,
                         conn: Any) -> None:
-    """A sampler engine: loads the base model, joins the sync group, then serves commands until told to stop."""
+    """A sampler engine: loads the base model, joins the sync group (its ranks rank, rank + 1, ... of `world`: one
+    per tensor-parallel rank), then serves commands until told to stop."""
     try:  # dies with the engine process, even a kill -9 of it
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
     from skyrl_tx.parallel.data_parallel_backend import make_backend
-    from skyrl_tx.parallel.group import RankAddress, join_side_group
-    from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
-
-    def join(at: str) -> Any:
-        return make_weight_sync(join_side_group(RankAddress(at, rank, world), timeout_s=JOIN_TIMEOUT_S), root=0,
-                                bucket_bytes=SYNC_BUCKET_BYTES)
+    from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S
 
     # One process, or (tensor_parallel_size > 1) this process and its own worker ranks, each holding part of the
-    # model: every state change and decode step below then runs on all of them (parallel/data_parallel_backend.py).
+    # model: every state change and decode step below then runs on all of them (parallel/data_parallel_backend.py),
+    # and each of them is a rank of the sync group, receiving every broadcast itself.
     backend = make_backend(Path(model_dir), BackendSettings.from_dict(settings))
     digests = backend.settings.weight_sync_digests
-    sync = join(address)
+    backend.join_weight_sync(address, rank, world, JOIN_TIMEOUT_S)
     running: dict[int, int] = {}  # local sample id → the trainer's id
     watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
     conn.send(("ready", os.getpid()))
@@ -70,22 +65,11 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
                     conn.send(("failed", sample_id, exc))
             elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
                 _, snapshot_id, lora, resync = message
-                tensors = sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
-                digest = weights_digest(tensors) if digests else None
-                error = None
-                try:
-                    if resync and backend.has_snapshot(snapshot_id):
-                        pass  # a sibling's catch-up: this engine holds the version already
-                    elif lora is not None:
-                        backend.load_snapshot(snapshot_id, tensors, **lora)
-                    else:
-                        backend.load_frozen_model(snapshot_id, {k: v.clone() for k, v in tensors.items()})
-                except Exception as exc:  # noqa: BLE001 - reported to the trainer, which undoes the snapshot
-                    error = exc
+                # (a resync of a version this engine holds: a sibling's catch-up, received and dropped)
+                error, digest = backend.receive_weights(snapshot_id, lora, resync, digests)
                 conn.send(("synced", snapshot_id, error, digest))
-            elif kind == "regroup":
-                sync = None  # leave the old group (a member is gone) before joining the new one
-                sync = join(message[1])
+            elif kind == "regroup":  # a member is gone: every rank leaves the old group and joins the new one
+                backend.join_weight_sync(message[1], rank, world, JOIN_TIMEOUT_S)
                 conn.send(("regrouped",))
             elif kind == "remove":
                 if backend.has_snapshot(message[1]):

@@ -17,7 +17,8 @@ rebuilds the snapshots and reruns the unfinished requests.
 
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
 The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
-join_side_group). Not built yet: tensor-parallel sampler engines.
+join_side_group). A sampler engine of T tensor-parallel ranks puts every rank in the sync group (the trainer is rank
+0, engine e's ranks 1 + e*T ... e*T + T): each receives the broadcast itself and keeps its part.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Any, NoReturn
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
 from skyrl_tx.parallel.layout import first_cuda_index
-from skyrl_tx.parallel.sampler_engine_process import JOIN_TIMEOUT_S, SYNC_BUCKET_BYTES, sampler_engine_main
-from skyrl_tx.parallel.weight_sync import weights_digest
+from skyrl_tx.parallel.sampler_engine_process import sampler_engine_main
+from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S, weights_digest
 from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.parallel")
@@ -154,9 +155,10 @@ class SamplerEnginesBackend:
         if lora is not None:  # kept to catch up a replaced engine (full weights are read back from the trainer's copy)
             self._kept[snapshot_id] = ({k: v.detach().to("cpu", copy=True) for k, v in sent.items()}, lora)
         last = self._sync.last
-        log.info("weight sync %d: %s (%d tensors, %.1f MB in %d buckets) to %d sampler engine(s) in %.3f s; requests "
-                 "served per engine so far: %s", last.version, snapshot_id, last.tensors, last.bytes / 1e6,
-                 last.buckets, len(self._conns), last.seconds, self._served)
+        log.info("weight sync %d: %s (%d tensors, %.1f MB in %d buckets) to %d sampler engine(s) (%d ranks) in %.3f "
+                 "s; requests served per engine so far: %s", last.version, snapshot_id, last.tensors, last.bytes / 1e6,
+                 last.buckets, len(self._conns),
+                 len(self._conns) * self._settings.inference_engine_tensor_parallel_size, last.seconds, self._served)
 
     def _broadcast(self, snapshot_id: str, sent: dict[str, Any], lora: dict[str, Any] | None,
                    resync: bool) -> list[BaseException | None]:
@@ -353,11 +355,11 @@ class SamplerEnginesBackend:
 
     def _regroup(self, indices: list[int]) -> None:
         """Starts engines `indices` and makes a fresh sync group of the trainer, them and the other engines."""
-        from skyrl_tx.parallel.group import RankAddress, join_side_group
-        from skyrl_tx.parallel.weight_sync import make_weight_sync
+        from skyrl_tx.parallel.weight_sync import join_sync_group
         from skyrl_tx.ports import free_local_port
 
         count = len(self._conns)
+        width = self._settings.inference_engine_tensor_parallel_size  # each engine rank is a sync-group rank
         address = f"127.0.0.1:{free_local_port()}"
         others = [i for i in range(count) if i not in indices]
         for index in others:
@@ -372,8 +374,9 @@ class SamplerEnginesBackend:
                         "tensor_parallel_size": self._settings.inference_engine_tensor_parallel_size,
                         "inference_engine_tensor_parallel_size": 1, "inference_engine_devices": (),
                         "device": sampler_device(self._settings, index)}
-            proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings, index + 1,
-                                                                     count + 1, address, child),
+            proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings,
+                                                                     1 + index * width, 1 + count * width, address,
+                                                                     child),
                                    # a daemon may not start processes: a tensor-parallel engine starts its ranks
                                    # (they die with it: PR_SET_PDEATHSIG; close() stops it)
                                    daemon=self._settings.inference_engine_tensor_parallel_size == 1,
@@ -383,9 +386,7 @@ class SamplerEnginesBackend:
             self._failed.pop(index, None)
         self._sync = None  # the old group (a member is gone) before the new one
         try:
-            self._sync = make_weight_sync(join_side_group(RankAddress(address, 0, count + 1),
-                                                          timeout_s=JOIN_TIMEOUT_S), root=0,
-                                          bucket_bytes=SYNC_BUCKET_BYTES)
+            self._sync = join_sync_group(address, 0, 1 + count * width)
         except InternalError as exc:
             raise _EngineLost(str(exc)) from exc
         for index in indices:

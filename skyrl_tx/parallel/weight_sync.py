@@ -27,6 +27,19 @@ def weights_digest(tensors: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
+SYNC_BUCKET_BYTES = 64 << 20
+
+
+def join_sync_group(address: str, rank: int, world: int, timeout_s: float = JOIN_TIMEOUT_S) -> Any:
+    """WeightSync on a fresh side group at `address`: the trainer is rank 0, rank 1 + e * T + t is tensor-parallel
+    rank t of sampler engine e (engines of T ranks each)."""
+    from skyrl_tx.parallel.group import RankAddress, join_side_group
+
+    return make_weight_sync(join_side_group(RankAddress(address, rank, world), timeout_s=timeout_s), root=0,
+                            bucket_bytes=SYNC_BUCKET_BYTES)
+
+
 def make_weight_sync(group: Any, root: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
     """skyrl_tx._C.WeightSync over `group` (a skyrl_tx._C.Collectives, e.g. from parallel.group.join_group)."""
     from skyrl_tx._ext import load_extension

@@ -90,8 +90,10 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
         assert not parallel_trainer or "parallel: 2 ranks" in url.log_tail(), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
-    # Every save_weights_and_get_sampling_client reached both engines through a sync, and both engines served.
+    # Every save_weights_and_get_sampling_client reached both engines through a sync (each rank of a
+    # tensor-parallel engine in the sync group itself), and both engines served.
     assert len(syncs) == 3 * VERSIONS, syncs
+    assert all(f"to 2 sampler engine(s) ({2 * engine_ranks} ranks)" in line for line in syncs), syncs
     served = [int(n) for n in syncs[-1].rsplit("[", 1)[1].rstrip("]").split(",")]
     assert len(served) == 2 and min(served) > 0, syncs[-1]
     assert set(got) == set(colocated)
@@ -109,12 +111,16 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
             assert max(abs(a - b) for a, b in zip(again_logprobs, first_logprobs)) <= 1e-6, (name, version)
 
 
-@pytest.mark.parametrize("fault,full_version", [("killed", False), ("hung", False), ("killed", True)])
-def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: str, full_version: bool) -> None:
+@pytest.mark.parametrize("fault,full_version,engine_ranks", [("killed", False, 1), ("hung", False, 1),
+                                                             ("killed", True, 1), ("killed", True, 2)])
+def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: str, full_version: bool,
+                                                           engine_ranks: int) -> None:
     """kill -9 (or SIGSTOP: hung, silent past inference_engine_timeout_s) of a sampler engine while 200 sample
     requests run: a fresh engine replaces it, catches up on every live version (a LoRA one; with full_version also
     a full fine-tune's, read back from the trainer), and the requests it had run again, so all 200 complete, each with
-    the tokens the same request gets once things are calm again; the engine process itself goes on."""
+    the tokens the same request gets once things are calm again; the engine process itself goes on. With engines of
+    2 tensor-parallel ranks, the killed engine's worker goes with it, and the other engine's two ranks both join the
+    new sync group."""
     import signal
 
     import tinker
@@ -124,7 +130,8 @@ def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: 
     from skyrl_tx.bench.api import _engine_pid
 
     prompts_for_full = types.ModelInput.from_ints([9, 8, 7, 6])
-    with live_server(backend_config={**DISAGGREGATED, "inference_engine_timeout_s": 3.0}) as url:
+    config = {**DISAGGREGATED, "inference_engine_timeout_s": 3.0, "inference_engine_tensor_parallel_size": engine_ranks}
+    with live_server(backend_config=config) as url:
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
         with tinker.ServiceClient() as service:
             client = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
