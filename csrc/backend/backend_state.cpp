@@ -42,9 +42,12 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
   }
   if (const optim::ZeroAdamState* zero = zero_state(model_id)) {  // collective: every rank gathers the ranges
     out.step = zero->num_steps();
-    for (auto& [name, moments] : zero->gather_moments(*collectives_)) {
-      out.exp_avg[name] = std::move(moments.first);
-      out.exp_avg_sq[name] = std::move(moments.second);
+    std::map<std::string, std::pair<at::Tensor, at::Tensor>> local = zero->gather_moments(*collectives_);
+    for (const optim::TrainableTensor& t : trainable_tensors(model_id)) {  // whole under tensor parallelism
+      auto it = local.find(t.name);
+      if (it == local.end()) continue;
+      out.exp_avg[t.name] = host_float(whole(t, it->second.first.to(t.param.device())));
+      out.exp_avg_sq[t.name] = host_float(whole(t, it->second.second.to(t.param.device())));
     }
     return out;
   }

@@ -24,9 +24,6 @@ void Backend::create_full_model(const std::string& model_id) {
   SKYRL_TX_CHECK(static_cast<int64_t>(full_models_.size()) < config_.max_full_models, ResourceExhausted,
                  "create_model: ", full_models_.size(), " full fine-tuning model(s) already loaded (max_full_models=",
                  config_.max_full_models, "); unload one, use LoRA (lora_rank > 0), or raise max_full_models");
-  SKYRL_TX_CHECK(!tensor_parallel().enabled() || !data_parallel(), InvalidArgument, "create_model: full "
-                 "fine-tuning (lora_rank 0) with both tensor_parallel_size and fully_sharded_data_parallel_size above "
-                 "1 is not built yet; use one of them, or LoRA");
   models::WeightMap weights;
   {
     c10::NoGradGuard no_grad;
@@ -121,9 +118,13 @@ std::vector<optim::TrainableTensor> Backend::stepped_tensors(const std::string& 
 
 std::map<std::string, at::Tensor> Backend::trainable_grads(const std::string& model_id) const {
   if (const optim::ZeroAdamState* zero = zero_state(model_id)) {
-    std::map<std::string, at::Tensor> out = zero->gather_pending(*collectives_);
-    for (const auto& t : trainable_tensors(model_id)) {
-      if (!out.count(t.name)) out[t.name] = at::zeros(t.param.sizes(), at::kFloat);  // buffers: no gradient
+    std::map<std::string, at::Tensor> local = zero->gather_pending(*collectives_);  // this rank's parts, summed
+    std::map<std::string, at::Tensor> out;
+    for (const auto& t : trainable_tensors(model_id)) {  // whole under tensor parallelism (every rank in this order)
+      auto it = local.find(t.name);
+      const at::Tensor part = it != local.end() ? it->second.to(t.param.device())
+                                                : at::zeros_like(t.param, t.param.options().dtype(at::kFloat));
+      out[t.name] = whole(t, part).to(at::kCPU, at::kFloat, false, true);  // (buffers: no gradient, zeros)
     }
     return out;
   }
@@ -142,7 +143,7 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
                  "' uses the dimuon optimizer (chosen at create_model); send optimizer_params of type dimuon "
                  "(DimuonParams), not adam_params");
   if (optim::ZeroAdamState* zero = zero_state(model_id)) {
-    std::map<std::string, double> metrics = zero->step(tensors, params, *collectives_);
+    std::map<std::string, double> metrics = zero->step(tensors, params, *collectives_, tensor_parallel());
     free_grads(model_id);
     return metrics;
   }

@@ -52,6 +52,28 @@ at::Tensor ZeroAdamState::my_range(const std::vector<at::Tensor>& full) const {
   return out;
 }
 
+at::Tensor ZeroAdamState::global_squares(const at::Tensor& grads, const std::vector<TrainableTensor>& tensors,
+                                         dist::Collectives& group, const dist::TensorParallel& tp) const {
+  if (!tp.enabled()) {
+    at::Tensor squares = grads.to(at::kDouble).pow(2).sum().reshape({1});  // [1] this range's share of the norm²
+    group.all_reduce_sum(squares);
+    return squares;
+  }
+  // The split tensors' squares from every tensor-parallel rank (each holds a different part); a replicated tensor's
+  // from tensor-parallel rank 0 only (every rank holds all of it).
+  at::Tensor squares = at::zeros({1}, grads.options().dtype(at::kDouble));  // [1]
+  for (int64_t b = 0; b < buckets_; ++b) {
+    for_each_piece((b * world_ + rank_) * part_, part_, [&](size_t i, int64_t, int64_t in_part, int64_t n) {
+      if (!tensors[i].split.replicated() || tp.rank() == 0) {
+        squares += grads.narrow(0, b * part_ + in_part, n).to(at::kDouble).pow(2).sum();
+      }
+    });
+  }
+  group.all_reduce_sum(squares);
+  tp.group().all_reduce_sum(squares);
+  return squares;
+}
+
 template <typename Write>
 void ZeroAdamState::gather_buckets(const at::Tensor& range, dist::Collectives& group, Write write) const {
   for (int64_t b = 0; b < buckets_; ++b) {
@@ -99,15 +121,14 @@ void ZeroAdamState::add_pending(at::Tensor batch) {
 }
 
 std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTensor>& tensors,
-                                                  const AdamParams& params, dist::Collectives& group) {
+                                                  const AdamParams& params, dist::Collectives& group,
+                                                  const dist::TensorParallel& tp) {
   params.validate();  // before any collective: every rank refuses the same call the same way
   SKYRL_TX_CHECK(tensors.size() == names_.size(), Internal, "ZeRO optimizer: ", tensors.size(),
                  " tensors for a layout of ", names_.size());
   c10::NoGradGuard no_grad;
   at::Tensor grads = pending_.defined() ? pending_ : at::zeros({buckets_ * part_}, float_options_);  // [S]
-  at::Tensor squares = grads.to(at::kDouble).pow(2).sum().reshape({1});  // [1] this range's share of the norm²
-  group.all_reduce_sum(squares);
-  const double grad_norm = std::sqrt(squares.item<double>());
+  const double grad_norm = std::sqrt(global_squares(grads, tensors, group, tp).item<double>());
   double grad_scale = 1.0;  // torch.nn.utils.clip_grad_norm_, as AdamState
   if (params.grad_clip_norm > 0) grad_scale = std::min(1.0, params.grad_clip_norm / (grad_norm + 1e-6));
 

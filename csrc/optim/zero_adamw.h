@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dist/collectives.h"
+#include "dist/tensor_parallel.h"
 #include "optim/adamw.h"
 
 namespace skyrl_tx::optim {
@@ -40,9 +41,11 @@ class ZeroAdamState {
 
   /// Clips (if asked) by the global norm of the pending gradients, steps this rank's range, all-gathers the new
   /// weights into `tensors` (every rank's copies), drops the pending gradients. Collective. Returns AdamState's
-  /// metrics. `tensors` in the layout's order.
+  /// metrics. `tensors` in the layout's order. Under tensor parallelism (`group` then holds the ranks with the same
+  /// part, and `tensors` are this rank's parts), the norm also sums the other parts, each replicated tensor once.
   std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const AdamParams& params,
-                                     dist::Collectives& group);
+                                     dist::Collectives& group,
+                                     const dist::TensorParallel& tp = dist::kNoTensorParallel);
 
   int64_t num_steps() const { return step_; }
   /// Full moments by tensor name, as float32 CPU tensors (empty before the first step). Collective.
@@ -62,6 +65,9 @@ class ZeroAdamState {
   void for_each_piece(int64_t begin, int64_t length, Visit visit) const;
   /// Layout tensors (any dtype; undefined = zeros) → this rank's [S] range as float32.
   at::Tensor my_range(const std::vector<at::Tensor>& full) const;
+  /// The squared global norm of `grads` (this rank's [S] range), summed over `group` (and `tp`), as [1] double.
+  at::Tensor global_squares(const at::Tensor& grads, const std::vector<TrainableTensor>& tensors,
+                            dist::Collectives& group, const dist::TensorParallel& tp) const;
   /// Bucket by bucket: all-gathers each rank's part of `range` ([S], any dtype) and hands the bucket's
   /// [world * B] to write(bucket start in the flat space, gathered).
   template <typename Write>

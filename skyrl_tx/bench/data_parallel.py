@@ -128,8 +128,6 @@ def run_data_parallel(argv: list[str]) -> dict:
     for kind in args.kinds:
         baseline = None
         for world, tp in layouts:
-            if kind == "full" and tp > 1:  # refused: full fine-tuning is not split by tensor parallelism yet
-                continue
             job = {"kind": kind, "world": world, "tp": tp, "device": args.device, "dtype": cfg.dtype,
                    "model_dir": str(path), "vocab": vocab, "rows": rows, "seq_len": seq_len, "lora_rank": w.lora_rank,
                    "threads": max(1, total_threads // world), "warmup": args.warmup, "reps": args.reps,

@@ -22,8 +22,8 @@ def test_data_parallel_benchmark_reports_collectives_per_layout(preset_cache: Pa
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     layouts = {(r["kind"], r["world"], r["tp"]): r for r in report["layouts"]}
-    # Full fine-tuning is not split by tensor parallelism: no (full, 2, 2) layout.
-    assert set(layouts) == {("lora", 1, 1), ("lora", 2, 1), ("lora", 2, 2), ("full", 1, 1), ("full", 2, 1)}
+    assert set(layouts) == {("lora", 1, 1), ("lora", 2, 1), ("lora", 2, 2), ("full", 1, 1), ("full", 2, 1),
+                            ("full", 2, 2)}
     for r in layouts.values():
         assert r["step_s"] > 0 and r["same_losses_as_one_process"] is True, r
     for kind in ("lora", "full"):
@@ -46,3 +46,7 @@ def test_data_parallel_benchmark_reports_collectives_per_layout(preset_cache: Pa
     assert scatter == {"calls": 1, "bytes": 4 * 2 * shard, "seconds": scatter["seconds"]}
     gather = full["by_op"]["dp/all_gather"]
     assert gather["calls"] == 1 and gather["bytes"] == 4 * 2 * shard
+    # Full fine-tuning split by tensor parallelism: each rank holds and steps its part (less than one process's).
+    full_tp = layouts[("full", 2, 2)]
+    assert "tp/all_reduce" in full_tp["by_op"], full_tp["by_op"]
+    assert full_tp["optimizer_state_bytes"] < layouts[("full", 1, 1)]["optimizer_state_bytes"]

@@ -1,8 +1,9 @@
 """Checkpoints move between layouts, through the real SDK: a full fine-tune saved (weights + AdamW state) by a
 one-process server resumes on a 2-rank data-parallel server, whose ranks each keep their ZeRO range of the loaded
 moments, and one saved there (the ranges gathered into whole tensors) resumes on a one-process server; a LoRA adapter
-does the same through a tensor-parallel server (each rank keeping its part of the factors and moments); every resumed
-run's losses equal the run that saved the checkpoint and went on."""
+does the same through a tensor-parallel server (each rank keeping its part of the factors and moments), and a full
+fine-tune through TP alone and DP x TP (ZeRO ranges of each rank's parts); every resumed run's losses equal the run
+that saved the checkpoint and went on."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tinker import types
 ADAM = types.AdamParams(learning_rate=1e-3)
 DP = {"fully_sharded_data_parallel_size": 2, "max_full_models": 2}
 TP = {"tensor_parallel_size": 2, "max_full_models": 2}
+DP_TP = {**DP, **TP}  # 4 ranks: each part's ZeRO ranges over its 2 replicas
 ONE = {"max_full_models": 2}
 STEPS = 2
 
@@ -31,7 +33,8 @@ def _session(url) -> object:
     return tinker.ServiceClient()
 
 
-@pytest.mark.parametrize("lora_rank,layout", [(0, DP), (4, TP), (0, TP)], ids=["full-dp2", "lora-tp2", "full-tp2"])
+@pytest.mark.parametrize("lora_rank,layout", [(0, DP), (4, TP), (0, TP), (0, DP_TP)],
+                         ids=["full-dp2", "lora-tp2", "full-tp2", "full-dp2-tp2"])
 def test_a_model_resumes_across_layouts(preset_cache, tmp_path, lora_rank: int, layout: dict) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -41,7 +44,8 @@ def test_a_model_resumes_across_layouts(preset_cache, tmp_path, lora_rank: int, 
         from_one = client.save_state("from_one").result().path
         after_one = _steps(client, 10)  # what the one-process run does next
     with live_server(data_dir=data_dir, backend_config=layout) as url, _session(url) as service:
-        assert "parallel: 2 ranks" in url.log_tail(), url.log_tail()
+        ranks = layout.get("fully_sharded_data_parallel_size", 1) * layout.get("tensor_parallel_size", 1)
+        assert f"parallel: {ranks} ranks" in url.log_tail(), url.log_tail()
         resumed = service.create_training_client_from_state_with_optimizer(from_one).result()
         assert _steps(resumed, 10) == pytest.approx(after_one, rel=1e-5, abs=1e-5)
         from_dp = resumed.save_state("from_dp").result().path

@@ -16,7 +16,7 @@ from live_server import free_port
 from rank_reports import collect_rank_reports
 
 TIMEOUT_S = 240.0
-MODELS = ("a", "b", "full")  # two LoRA tenants and a full fine-tune (not with DP x TP: refused, not built yet)
+MODELS = ("a", "b", "full")  # two LoRA tenants and a full fine-tune (under DP x TP: ZeRO-2 over each part's replicas)
 # Per model, the input lengths of its datums in each of the 3 steps (7 rows a step: no multiple of 2).
 LENGTHS = [{"a": [11, 4, 7], "b": [9, 3, 5, 2], "full": [6, 5]}, {"a": [5], "b": [12, 2, 8, 6, 3, 4], "full": [7]},
            {"a": [8, 8, 3], "b": [4], "full": [9, 2, 4]}]
@@ -55,7 +55,6 @@ def _run(model_dir: str, rank: int, world: int, tp: int, port: int, checkpoint: 
     import torch
     from train_reference import ROBUST_ADAM, make_datums, our_logprobs, random_sequences
 
-    from skyrl_tx.errors import InvalidArgumentError
     from skyrl_tx.types import SampleRequest, SamplingParams, TrainRequest
 
     torch.manual_seed(0)
@@ -64,15 +63,7 @@ def _run(model_dir: str, rank: int, world: int, tp: int, port: int, checkpoint: 
     backend.create_model("a", lora_rank=4, alpha=8.0, seed=1)
     backend.create_model("b", lora_rank=2, alpha=4.0, seed=3)
     models = MODELS
-    if world > tp:  # data and tensor parallel: a full fine-tune is refused by name
-        try:
-            backend.create_model("full", lora_rank=0)
-            raise AssertionError("a full fine-tune was accepted under DP x TP")
-        except InvalidArgumentError as exc:
-            assert "not built yet" in exc.message, exc.message
-        models = ("a", "b")
-    else:
-        backend.create_model("full", lora_rank=0)
+    backend.create_model("full", lora_rank=0)
     # Nonzero B (so dL/dA != 0), the same whole tensors on every layout: set whole, kept in parts.
     gen = torch.Generator().manual_seed(2)
     for model_id in ("a", "b"):
