@@ -37,7 +37,10 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
   out.kind = optimizer_kind(model_id);
   if (auto d = dimuon_.find(model_id); d != dimuon_.end()) {
     out.step = d->second.num_steps();
-    for (const auto& [name, m] : d->second.momentum()) out.momentum[name] = host_float(m);
+    for (const optim::TrainableTensor& t : trainable_tensors(model_id)) {  // whole under tensor parallelism
+      auto m = d->second.momentum().find(t.name);
+      if (m != d->second.momentum().end()) out.momentum[t.name] = host_float(whole(t, m->second));
+    }
     return out;
   }
   if (const optim::ZeroAdamState* zero = zero_state(model_id)) {  // collective: every rank gathers the ranges
@@ -81,8 +84,8 @@ void Backend::set_optimizer_state(const std::string& model_id, const OptimizerSt
     std::map<std::string, at::Tensor> momentum;
     for (const auto& t : tensors) {
       if (state.momentum.empty()) break;  // saved before its first optim_step: created lazily
-      const at::Tensor& m = expect_tensor(state.momentum, t.name, t.param.sizes(), "load optimizer state (momentum)");
-      momentum[t.name] = m.to(device(t), false, true);
+      const at::Tensor& m = expect_tensor(state.momentum, t.name, whole_shape(t), "load optimizer state (momentum)");
+      momentum[t.name] = part(t, m).to(device(t), false, true);
     }
     reject_unknown(state.momentum, known, "load optimizer state (momentum)");
     dimuon_[model_id].restore(state.step, std::move(momentum));

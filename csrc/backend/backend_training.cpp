@@ -158,7 +158,7 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
   SKYRL_TX_CHECK(it != dimuon_.end(), InvalidArgument, "optim_step: model '", model_id,
                  "' uses the adamw optimizer (chosen at create_model); send adam_params (AdamParams), not "
                  "optimizer_params of type dimuon");
-  std::map<std::string, double> metrics = it->second.step(tensors, params);
+  std::map<std::string, double> metrics = it->second.step(tensors, params, tensor_parallel());
   free_grads(model_id);
   return metrics;
 }
@@ -179,9 +179,6 @@ void Backend::set_optimizer_kind(const std::string& model_id, const std::string&
   trainable_tensors(model_id);  // NotFound for unknown models
   SKYRL_TX_CHECK(kind == "adamw" || kind == "dimuon", InvalidArgument, "create_model: optimizer '", kind,
                  "' is not supported; use adamw or dimuon");
-  SKYRL_TX_CHECK(kind != "dimuon" || !tensor_parallel().enabled(), InvalidArgument,
-                 "create_model: the dimuon optimizer orthogonalises whole factor updates, which tensor-parallel "
-                 "ranks hold in parts; use adamw, or tensor_parallel_size 1");
   SKYRL_TX_CHECK(kind != "dimuon" || !full_models_.count(model_id), InvalidArgument,
                  "create_model: the dimuon optimizer orthogonalises LoRA factor updates; full fine-tuning "
                  "(lora rank 0) uses adamw");

@@ -34,14 +34,14 @@ at::Tensor newton_schulz(const at::Tensor& x) {
 }
 
 std::map<std::string, double> DimuonState::step(const std::vector<TrainableTensor>& tensors,
-                                                const DimuonParams& params) {
+                                                const DimuonParams& params, const dist::TensorParallel& tp) {
   params.validate();
   for (const auto& t : tensors) {
     SKYRL_TX_CHECK(t.param.dim() == 2, InvalidArgument, "optim_step: dimuon updates matrices; '", t.name,
                    "' has shape ", t.param.sizes());
   }
   c10::NoGradGuard no_grad;
-  const double grad_norm = global_grad_norm(tensors);
+  const double grad_norm = global_grad_norm(tensors, tp);
   double grad_scale = 1.0;  // torch.nn.utils.clip_grad_norm_, as AdamW: max_norm / (norm + 1e-6), never up
   if (params.grad_clip_norm > 0) grad_scale = std::min(1.0, params.grad_clip_norm / (grad_norm + 1e-6));
   ++step_;
@@ -61,8 +61,10 @@ std::map<std::string, double> DimuonState::step(const std::vector<TrainableTenso
     } else {
       it->second.mul_(params.beta1);  // no gradient = a zero gradient
     }
-    transposed[i] = t.param.size(0) > t.param.size(1);
-    oriented[i] = transposed[i] ? it->second.t() : it->second;
+    // The whole momentum (every rank, the tensors' order: a collective for a split factor).
+    const at::Tensor whole = tp.enabled() ? tp.whole(it->second, t.split) : it->second;  // [out, in] of one process
+    transposed[i] = whole.size(0) > whole.size(1);
+    oriented[i] = transposed[i] ? whole.t() : whole;
     groups[{oriented[i].size(0), oriented[i].size(1)}].push_back(i);
   }
   for (const auto& [shape, members] : groups) {
@@ -71,7 +73,8 @@ std::map<std::string, double> DimuonState::step(const std::vector<TrainableTenso
     const at::Tensor ortho = newton_schulz(at::stack(batch));  // [n, r, k]
     for (size_t j = 0; j < members.size(); ++j) {
       const size_t i = members[j];
-      const at::Tensor direction = transposed[i] ? ortho[j].t() : ortho[j];
+      at::Tensor direction = transposed[i] ? ortho[j].t() : ortho[j];
+      if (tp.enabled()) direction = tp.part(direction, tensors[i].split, tensors[i].param.sizes());  // this rank's
       at::Tensor work = tensors[i].param.to(at::kFloat);  // the parameter itself when already float32
       work.sub_(direction, params.learning_rate);
       if (!work.is_same(tensors[i].param)) tensors[i].param.copy_(work);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/tensor_parallel.h"
 #include "optim/adamw.h"  // TrainableTensor, global_grad_norm
 
 namespace skyrl_tx::optim {
@@ -38,8 +39,11 @@ at::Tensor newton_schulz(const at::Tensor& x);
 /// Frobenius norm sqrt(rank), rank correction applied uniformly to all LoRA matrices".
 class DimuonState {
  public:
-  /// Returns {"grad_norm" (before clipping), "learning_rate", "step"}. Every tensor must be a matrix.
-  std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const DimuonParams& params);
+  /// Returns {"grad_norm" (before clipping), "learning_rate", "step"}. Every tensor must be a matrix. Under tensor
+  /// parallelism (`tensors` are this rank's parts; collective) the momentum stays in parts, and each update is
+  /// orthogonalised whole (gathered, then this rank's part taken): the result of one process.
+  std::map<std::string, double> step(const std::vector<TrainableTensor>& tensors, const DimuonParams& params,
+                                     const dist::TensorParallel& tp = dist::kNoTensorParallel);
   int64_t num_steps() const { return step_; }
   /// Momentum by tensor name (float32, the tensor's shape), for checkpoints.
   const std::map<std::string, at::Tensor>& momentum() const { return momentum_; }

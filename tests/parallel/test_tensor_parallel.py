@@ -268,3 +268,58 @@ def test_a_model_not_split_yet_is_refused_by_name_on_every_rank(tiny_model_dir) 
         p.start()
     for rank, message in collect_rank_reports(procs, out, 2, 120, "tp2 refusal").items():
         assert "Gated DeltaNet" in message and "fully_sharded_data_parallel_size" in message, (rank, message)
+
+
+def _dimuon_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> None:
+    """A Dimuon LoRA model (lm_head included) through 3 clipped steps; its weights and momentum, whole."""
+    try:
+        import torch
+        from train_reference import make_datums, our_logprobs, random_sequences
+
+        from skyrl_tx.types import DimuonParams, TrainRequest
+
+        backend = _backend(model_dir, rank, world, world, port)
+        vocab = backend.decoder_config.vocab_size
+        backend.create_model("d", lora_rank=4, alpha=8.0, seed=5, optimizer="dimuon")
+        gen = torch.Generator().manual_seed(6)
+        state = backend.trainable_state("d")
+        backend.set_trainable_state("d", {k: torch.randn(v.shape, generator=gen) * 0.1 if ".lora_B." in k else v
+                                          for k, v in state.items()})
+        metrics = []
+        for step in range(3):
+            seqs = random_sequences(vocab, [9, 4, 7], 40 + step)
+            datums = make_datums("cross_entropy", seqs, our_logprobs(backend, "d", seqs), 50 + step)
+            backend.forward_backward([TrainRequest("d", datums, "cross_entropy")])
+            metrics.append(backend.optim_step("d", DimuonParams(learning_rate=1e-2, grad_clip_norm=0.5)))
+        momentum = backend.optimizer_state("d").momentum
+        out.put((rank, {"metrics": metrics, "state": numpy_dict(backend.trainable_state("d")),
+                        "momentum": numpy_dict(momentum)}))
+    except Exception:  # noqa: BLE001
+        out.put((rank, traceback.format_exc()))
+
+
+def test_dimuon_under_tensor_parallelism_equals_one_process(tiny_model_dir) -> None:
+    """Each update is orthogonalised whole (Newton-Schulz needs the whole matrix), each rank keeping its part."""
+    import torch
+    from train_reference import assert_dicts_close
+
+    model_dir = str(tiny_model_dir("tiny-qwen3"))
+    runs = {}
+    for world in (1, 2):
+        context = multiprocessing.get_context("spawn")
+        out, port = context.Queue(), free_port()
+        procs = [context.Process(target=_dimuon_main, args=(model_dir, r, world, port, out), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        runs[world] = collect_rank_reports(procs, out, world, TIMEOUT_S, f"dimuon world {world}")
+    single = runs[1][0]
+    assert isinstance(single, dict), single
+    for rank, got in runs[2].items():
+        assert isinstance(got, dict), f"rank {rank}:\n{got}"
+        for o, e in zip(got["metrics"], single["metrics"], strict=True):
+            assert o == pytest.approx(e, rel=5e-5), (rank, o, e)
+        for key in ("state", "momentum"):
+            assert_dicts_close({k: torch.from_numpy(v) for k, v in got[key].items()},
+                               {k: torch.from_numpy(v) for k, v in single[key].items()}, atol=1e-5,
+                               what=f"dimuon tp2 rank {rank} {key}")
