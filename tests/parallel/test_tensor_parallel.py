@@ -6,14 +6,12 @@ loaded into the split layout — on Qwen3 and Llama 3 presets, and with data par
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from typing import Any
 
 import numpy as np
 import pytest
-from live_server import free_port
-from rank_reports import collect_rank_reports
+from rank_reports import spawn_ranks
 
 TIMEOUT_S = 240.0
 MODELS = ("a", "b", "full")  # two LoRA tenants and a full fine-tune (under DP x TP: ZeRO-2 over each part's replicas)
@@ -130,13 +128,9 @@ def _rank_main(model_dir: str, rank: int, world: int, tp: int, port: int, checkp
 
 def _run_ranks(model_dir: str, world: int, tp: int, checkpoint: dict | None = None,
                expert_parallel: bool = False) -> dict[int, Any]:
-    context = multiprocessing.get_context("spawn")
-    out, port = context.Queue(), free_port()
-    procs = [context.Process(target=_rank_main, args=(model_dir, r, world, tp, port, checkpoint, out, expert_parallel),
-                             daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    return collect_rank_reports(procs, out, world, TIMEOUT_S, f"tensor parallel world {world} tp {tp}")
+    return spawn_ranks(_rank_main, world, lambda r, port, out: (model_dir, r, world, tp, port, checkpoint, out,
+                                                                expert_parallel),
+                       TIMEOUT_S, f"tensor parallel world {world} tp {tp}")
 
 
 def _assert_same(got: dict, single: dict, what: str) -> None:
@@ -260,13 +254,9 @@ def _refusal_main(model_dir: str, rank: int, port: int, out: Any) -> None:
 
 def test_a_model_not_split_yet_is_refused_by_name_on_every_rank(tiny_model_dir) -> None:
     """Qwen3.5's Gated DeltaNet layers are not split: every rank stops at load, saying what to use instead."""
-    context = multiprocessing.get_context("spawn")
-    out, port = context.Queue(), free_port()
-    procs = [context.Process(target=_refusal_main, args=(str(tiny_model_dir("tiny-qwen3.5")), r, port, out),
-                             daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    for rank, message in collect_rank_reports(procs, out, 2, 120, "tp2 refusal").items():
+    model_dir = str(tiny_model_dir("tiny-qwen3.5"))
+    reports = spawn_ranks(_refusal_main, 2, lambda r, port, out: (model_dir, r, port, out), 120, "tp2 refusal")
+    for rank, message in reports.items():
         assert "Gated DeltaNet" in message and "fully_sharded_data_parallel_size" in message, (rank, message)
 
 
@@ -304,15 +294,8 @@ def test_dimuon_under_tensor_parallelism_equals_one_process(tiny_model_dir) -> N
     from train_reference import assert_dicts_close
 
     model_dir = str(tiny_model_dir("tiny-qwen3"))
-    runs = {}
-    for world in (1, 2):
-        context = multiprocessing.get_context("spawn")
-        out, port = context.Queue(), free_port()
-        procs = [context.Process(target=_dimuon_main, args=(model_dir, r, world, port, out), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        runs[world] = collect_rank_reports(procs, out, world, TIMEOUT_S, f"dimuon world {world}")
+    runs = {world: spawn_ranks(_dimuon_main, world, lambda r, port, out, w=world: (model_dir, r, w, port, out),
+                               TIMEOUT_S, f"dimuon world {world}") for world in (1, 2)}
     single = runs[1][0]
     assert isinstance(single, dict), single
     for rank, got in runs[2].items():

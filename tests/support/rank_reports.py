@@ -25,3 +25,18 @@ def collect_rank_reports(procs: list[Any], out: Any, expected: int, timeout_s: f
     for p in procs:
         p.join(timeout_s)
     return results
+
+
+def spawn_ranks(target: Any, world: int, args_of: Any, timeout_s: float, what: str) -> dict[int, Any]:
+    """Runs target(*args_of(rank, port, out)) in `world` fresh spawned processes (`port`: a free coordinator port,
+    `out`: the queue each puts its (rank, result) on) and returns their reports by rank."""
+    import multiprocessing
+
+    from live_server import free_port
+
+    context = multiprocessing.get_context("spawn")
+    out, port = context.Queue(), free_port()
+    procs = [context.Process(target=target, args=args_of(rank, port, out), daemon=True) for rank in range(world)]
+    for p in procs:
+        p.start()
+    return collect_rank_reports(procs, out, world, timeout_s, what)
