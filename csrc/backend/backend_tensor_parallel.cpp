@@ -16,6 +16,11 @@ dist::TensorSplit Backend::lora_split(const models::NamedLoraModule& m, bool b, 
   if (b && m.split == dist::TpSplit::kColumn) {
     split.dim = 0;
     whole[0] = m.group == models::LoraGroup::kUnembed ? model_config().vocab_size : local[0] * size;
+    if (!m.sections.empty()) {  // [q | k | v]: each section split on its own
+      split.sections = m.sections;
+      whole[0] = 0;
+      for (int64_t n : m.sections) whole[0] += n;
+    }
   } else if (!b && m.split == dist::TpSplit::kRow) {
     split.dim = 1;
     whole[1] = local[1] * size;

@@ -100,8 +100,32 @@ at::Tensor TensorParallel::gather(const at::Tensor& local, int64_t dim, int64_t 
   return at::cat(parts, 0).movedim(0, dim).contiguous();  // the full tensor, `dim` of size n
 }
 
+at::Tensor TensorParallel::narrow_sections(const at::Tensor& full, int64_t dim,
+                                           const std::vector<int64_t>& sections) const {
+  if (!enabled()) return full;
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t n : sections) {
+    const Shard s = shard(n);
+    parts.push_back(full.narrow(dim, start + s.begin, s.length));
+    start += n;
+  }
+  SKYRL_TX_INTERNAL_ASSERT(start == full.size(dim), "tensor parallel: sections do not cover the dimension");
+  return at::cat(parts, dim).contiguous();
+}
+
 at::Tensor TensorParallel::whole(const at::Tensor& local, const TensorSplit& split) const {
   if (!enabled() || split.replicated()) return local.detach();
+  if (split.dim >= 0 && !split.sections.empty()) {  // each section gathered on its own, then laid end to end
+    std::vector<at::Tensor> wholes;
+    int64_t start = 0;
+    for (int64_t n : split.sections) {
+      const int64_t length = shard(n).length;
+      wholes.push_back(gather(local.detach().narrow(split.dim, start, length), split.dim, n));
+      start += length;
+    }
+    return at::cat(wholes, split.dim);
+  }
   if (split.dim >= 0) return gather(local.detach(), split.dim, split.whole_shape.at(split.dim));
   at::NoGradGuard no_grad;
   at::Tensor buffer = rank() == split.owner ? local.detach().contiguous().clone()
@@ -112,6 +136,7 @@ at::Tensor TensorParallel::whole(const at::Tensor& local, const TensorSplit& spl
 
 at::Tensor TensorParallel::part(const at::Tensor& whole, const TensorSplit& split, at::IntArrayRef local_shape) const {
   if (!enabled() || split.replicated()) return whole;
+  if (split.dim >= 0 && !split.sections.empty()) return narrow_sections(whole, split.dim, split.sections);
   if (split.dim >= 0) return narrow(whole, split.dim);
   return rank() == split.owner ? whole : at::empty(local_shape, whole.options());
 }

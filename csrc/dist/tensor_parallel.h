@@ -33,6 +33,9 @@ struct TensorSplit {
   int64_t dim = -1;  // >= 0: each rank holds its shard of this dimension
   int owner = -1;    // >= 0: this rank holds it whole, the others an empty tensor (an expert's)
   std::vector<int64_t> whole_shape;  // set unless replicated
+  // With `dim`: whole sizes of consecutive sections along it, each split over the ranks on its own (Gated
+  // DeltaNet's fused [q | k | v] projection: a rank holds its heads of each); empty: the dimension is one section.
+  std::vector<int64_t> sections = {};
   bool replicated() const { return dim < 0 && owner < 0; }
 };
 
@@ -69,6 +72,8 @@ class TensorParallel {
   /// This rank's part of `whole` (shaped like one process's tensor); `local_shape`: an owned tensor's empty shape
   /// on the other ranks.
   at::Tensor part(const at::Tensor& whole, const TensorSplit& split, at::IntArrayRef local_shape) const;
+  /// Sections along `dim` (whole sizes, summing to full.size(dim)): this rank's shard of each, concatenated.
+  at::Tensor narrow_sections(const at::Tensor& full, int64_t dim, const std::vector<int64_t>& sections) const;
 
  private:
   std::shared_ptr<Collectives> group_;

@@ -17,10 +17,11 @@ const ModelConfig& validated(const ModelConfig& config, const dist::TensorParall
   const ArchitectureSpec& arch = find_architecture(config.architecture);
   // Mixture-of-experts layers run whole on every rank (experts, router and shared experts replicated: same input,
   // same output, same gradients); their attention, dense MLPs and vocabulary are split.
-  SKYRL_TX_CHECK(!config.has_linear_attention(), InvalidArgument, "tensor_parallel_size ", size, ": ",
-                 config.architecture, " is not split over ranks yet (its Gated DeltaNet layers; Qwen3, Qwen3 MoE, "
-                 "Llama 3 and DeepSeek V3 are); use tensor_parallel_size 1 with fully_sharded_data_parallel_size "
-                 "for several devices");
+  SKYRL_TX_CHECK(!config.has_linear_attention() || (config.linear_num_key_heads % size == 0 &&
+                                                    config.linear_num_value_heads % size == 0),
+                 InvalidArgument, "tensor_parallel_size ", size, " must divide the linear-attention key heads (",
+                 config.linear_num_key_heads, ") and value heads (", config.linear_num_value_heads,
+                 "); choose a divisor of ", config.linear_num_key_heads);
   const std::vector<MlpKind> mlps = mlp_layout(config);
   const bool dense_mlps = std::find(mlps.begin(), mlps.end(), MlpKind::kDense) != mlps.end();
   const bool mla = arch.attention == AttentionKind::kMla;  // its one latent is whole on every rank: no KV heads
@@ -133,7 +134,7 @@ bool CausalLM::partial_gradient(const std::string& name) const {
   for (const char* suffix : {".self_attn.q_norm.weight", ".self_attn.k_norm.weight", ".self_attn.q_a_proj.weight",
                              ".self_attn.q_a_proj.bias", ".self_attn.q_a_layernorm.weight",
                              ".self_attn.kv_a_proj_with_mqa.weight", ".self_attn.kv_a_proj_with_mqa.bias",
-                             ".self_attn.kv_a_layernorm.weight"}) {
+                             ".self_attn.kv_a_layernorm.weight", ".linear_attn.norm.weight"}) {
     if (ends_with(suffix)) return true;
   }
   return options_.split_experts && ends_with(".mlp.gate.weight");

@@ -99,21 +99,29 @@ at::Tensor GatedRmsNorm::forward(const at::Tensor& x, const at::Tensor& gate) co
 }
 
 GatedDeltaNet::GatedDeltaNet(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
-    : key_heads_(config.linear_num_key_heads),
-      value_heads_(config.linear_num_value_heads),
+    : tp_(ctx.tensor_parallel),
+      key_heads_(config.linear_num_key_heads / tp_.size()),
+      value_heads_(config.linear_num_value_heads / tp_.size()),
       key_dim_(config.linear_key_head_dim),
       value_dim_(config.linear_value_head_dim),
       kernel_(config.linear_conv_kernel_dim),
-      in_proj_qkv_(make_lora_linear(ctx, prefix + ".in_proj_qkv",
-                                    2 * key_heads_ * key_dim_ + value_heads_ * value_dim_, config.hidden_size, false)),
-      in_proj_z_(make_lora_linear(ctx, prefix + ".in_proj_z", value_heads_ * value_dim_, config.hidden_size, false)),
-      in_proj_b_(make_lora_linear(ctx, prefix + ".in_proj_b", value_heads_, config.hidden_size, false)),
-      in_proj_a_(make_lora_linear(ctx, prefix + ".in_proj_a", value_heads_, config.hidden_size, false)),
-      out_proj_(make_lora_linear(ctx, prefix + ".out_proj", config.hidden_size, value_heads_ * value_dim_, false)),
-      conv_weight_(ctx.weights.take(prefix + ".conv1d.weight",
-                                    {2 * key_heads_ * key_dim_ + value_heads_ * value_dim_, 1, kernel_})),
-      a_log_(ctx.weights.take(prefix + ".A_log", {value_heads_})),
-      dt_bias_(ctx.weights.take(prefix + ".dt_bias", {value_heads_})),
+      qkv_sections_({config.linear_num_key_heads * key_dim_, config.linear_num_key_heads * key_dim_,
+                     config.linear_num_value_heads * value_dim_}),
+      in_proj_qkv_(make_sectioned_linear(ctx, prefix + ".in_proj_qkv", qkv_sections_, config.hidden_size)),
+      in_proj_z_(make_parallel_linear(ctx, prefix + ".in_proj_z", config.linear_num_value_heads * value_dim_,
+                                      config.hidden_size, false, dist::TpSplit::kColumn)),
+      in_proj_b_(make_parallel_linear(ctx, prefix + ".in_proj_b", config.linear_num_value_heads, config.hidden_size,
+                                      false, dist::TpSplit::kColumn)),
+      in_proj_a_(make_parallel_linear(ctx, prefix + ".in_proj_a", config.linear_num_value_heads, config.hidden_size,
+                                      false, dist::TpSplit::kColumn)),
+      out_proj_(make_parallel_linear(ctx, prefix + ".out_proj", config.hidden_size,
+                                     config.linear_num_value_heads * value_dim_, false, dist::TpSplit::kRow)),
+      conv_weight_(ctx.weights.take_sections(
+          prefix + ".conv1d.weight",
+          {2 * config.linear_num_key_heads * key_dim_ + config.linear_num_value_heads * value_dim_, 1, kernel_}, 0,
+          qkv_sections_, tp_)),
+      a_log_(ctx.weights.take_part(prefix + ".A_log", {config.linear_num_value_heads}, 0, tp_)),
+      dt_bias_(ctx.weights.take_part(prefix + ".dt_bias", {config.linear_num_value_heads}, 0, tp_)),
       norm_(ctx.weights.take(prefix + ".norm.weight", {value_dim_}), config.rms_norm_eps) {}
 
 at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, int64_t layer) const {
@@ -148,7 +156,7 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
                                   const AttentionMask& /*mask*/, const lora::AdapterSegments& segments,
                                   const KvCacheView* cache, int64_t layer) const {
   const int64_t batch = x.size(0), seq = x.size(1);
-  at::Tensor flat = x.reshape({batch * seq, x.size(2)});  // [N, hidden]
+  at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
   at::Tensor mixed = conv(in_proj_qkv_.forward(flat, segments).view({batch, seq, -1}), cache, layer);
   const int64_t qk_width = key_heads_ * key_dim_;
   at::Tensor q = mixed.narrow(-1, 0, qk_width).reshape({batch, seq, key_heads_, key_dim_});
@@ -176,15 +184,21 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
   }
   at::Tensor z = in_proj_z_.forward(flat, segments);  // [N, Hv * Dv], the output gate
   at::Tensor normed = norm_.forward(core.reshape({-1, value_dim_}), z.reshape({-1, value_dim_}));
-  return out_proj_.forward(normed.reshape({batch * seq, value_heads_ * value_dim_}), segments).view({batch, seq, -1});
+  at::Tensor out = out_proj_.forward(normed.reshape({batch * seq, value_heads_ * value_dim_}), segments);
+  return tp_.reduce_out(out).view({batch, seq, -1});  // [B, T, hidden], every rank's heads summed
 }
 
 void GatedDeltaNet::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {
-  out.push_back({prefix + ".in_proj_qkv", LoraGroup::kAttention, &in_proj_qkv_});
-  out.push_back({prefix + ".in_proj_z", LoraGroup::kAttention, &in_proj_z_});
-  out.push_back({prefix + ".in_proj_b", LoraGroup::kAttention, &in_proj_b_});
-  out.push_back({prefix + ".in_proj_a", LoraGroup::kAttention, &in_proj_a_});
-  out.push_back({prefix + ".out_proj", LoraGroup::kAttention, &out_proj_});
+  const bool split = tp_.enabled();
+  const dist::TpSplit column = split ? dist::TpSplit::kColumn : dist::TpSplit::kReplicated;
+  NamedLoraModule qkv{prefix + ".in_proj_qkv", LoraGroup::kAttention, &in_proj_qkv_, column};
+  if (split) qkv.sections = qkv_sections_;
+  out.push_back(std::move(qkv));
+  out.push_back({prefix + ".in_proj_z", LoraGroup::kAttention, &in_proj_z_, column});
+  out.push_back({prefix + ".in_proj_b", LoraGroup::kAttention, &in_proj_b_, column});
+  out.push_back({prefix + ".in_proj_a", LoraGroup::kAttention, &in_proj_a_, column});
+  out.push_back({prefix + ".out_proj", LoraGroup::kAttention, &out_proj_,
+                 split ? dist::TpSplit::kRow : dist::TpSplit::kReplicated});
 }
 
 void GatedDeltaNet::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {

@@ -41,6 +41,9 @@ class GatedRmsNorm {
 /// A "linear_attention" layer (Qwen3_5GatedDeltaNet). Its generation state is per sequence row: the conv's last
 /// kernel - 1 inputs and the delta rule's [Hv, Dk, Dv] matrix (KvCacheView::conv_states / recurrent_states), so
 /// prefill must know each row's real length (KvCacheView::lengths) and decoding is one recurrent step.
+/// Tensor parallel: split by heads (key heads and their value heads together): in_proj_qkv and the conv take this
+/// rank's heads of each of q, k and v, in_proj_z/b/a, A_log and dt_bias its value heads, out_proj its inputs; the
+/// per-head norm weight is whole (its gradient partial) and the state rows hold this rank's heads.
 class GatedDeltaNet : public AttentionModule {
  public:
   static constexpr int64_t kChunkSize = 64;  // transformers' default chunk
@@ -60,7 +63,9 @@ class GatedDeltaNet : public AttentionModule {
   /// qkv: [B, T, conv_dim] → silu(causal depthwise conv) [B, T, conv_dim], reading/writing the cache's conv state.
   at::Tensor conv(const at::Tensor& qkv, const KvCacheView* cache, int64_t layer) const;
 
-  int64_t key_heads_, value_heads_, key_dim_, value_dim_, kernel_;
+  const dist::TensorParallel& tp_;
+  int64_t key_heads_, value_heads_, key_dim_, value_dim_, kernel_;  // heads: this rank's
+  std::vector<int64_t> qkv_sections_;  // whole [q | k | v] widths of in_proj_qkv's output and the conv's channels
   lora::LoraLinear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_, out_proj_;
   at::Tensor conv_weight_;  // [conv_dim, 1, kernel], conv_dim = 2 * Hk * Dk + Hv * Dv
   at::Tensor a_log_;        // [Hv]

@@ -56,6 +56,18 @@ at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape
       .contiguous();
 }
 
+at::Tensor WeightStore::take_sections(const std::string& name, at::IntArrayRef shape, int64_t dim,
+                                      const std::vector<int64_t>& sections, const dist::TensorParallel& tp) {
+  if (!tp.enabled()) return take(name, shape);
+  splits_[name] = {dim, -1, std::vector<int64_t>(shape.begin(), shape.end()), sections};
+  std::vector<int64_t> part_shape(shape.begin(), shape.end());
+  part_shape[dim] = 0;
+  for (int64_t n : sections) part_shape[dim] += tp.shard(n).length;
+  if (holds_parts_) return take(name, part_shape);
+  at::Tensor whole = take(name, shape);  // (a zero placeholder when missing or mis-shaped: recorded)
+  return tp.narrow_sections(whole, dim, sections);
+}
+
 at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef shape) {
   auto it = weights_.find(name);
   if (it == weights_.end()) return at::Tensor();

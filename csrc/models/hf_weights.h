@@ -31,6 +31,9 @@ class WeightStore {
   /// before the copy to the device), or the part itself when the store holds parts. Records the split (splits()).
   /// A group of one: take().
   at::Tensor take_part(const std::string& name, at::IntArrayRef shape, int64_t dim, const dist::TensorParallel& tp);
+  /// take_part for a dimension made of consecutive sections (whole sizes), each split over the ranks on its own.
+  at::Tensor take_sections(const std::string& name, at::IntArrayRef shape, int64_t dim,
+                           const std::vector<int64_t>& sections, const dist::TensorParallel& tp);
   /// Expert parallelism: `name` whole on rank `owner` (recorded: splits()), an empty [0, 0] tensor elsewhere (read
   /// and dropped, so the checkpoint still matches).
   at::Tensor take_owned(const std::string& name, at::IntArrayRef shape, int owner, const dist::TensorParallel& tp);

@@ -34,6 +34,14 @@ lora::LoraLinear make_parallel_linear(BuildContext& ctx, const std::string& pref
   return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);
 }
 
+lora::LoraLinear make_sectioned_linear(BuildContext& ctx, const std::string& prefix,
+                                       const std::vector<int64_t>& sections, int64_t in) {
+  int64_t out = 0;
+  for (int64_t n : sections) out += n;
+  at::Tensor w = ctx.weights.take_sections(prefix + ".weight", {out, in}, 0, sections, ctx.tensor_parallel);
+  return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);
+}
+
 at::Tensor rms_normalized_f32(const at::Tensor& x, double eps) {
   at::Tensor x32 = x.to(at::kFloat);
   return x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);

@@ -30,6 +30,8 @@ struct NamedLoraModule {
   // kOwned (an expert under expert parallelism): the rank holding it, and its whole [out, in] (empty elsewhere).
   int owner = -1;
   int64_t whole_out = 0, whole_in = 0;
+  // kColumn over sections (Gated DeltaNet's [q | k | v]): their whole sizes, each split on its own (TensorSplit).
+  std::vector<int64_t> sections = {};
 };
 
 /// What every block needs to build its LoRA-capable linears.
@@ -181,5 +183,9 @@ lora::LoraLinear make_lora_linear(BuildContext& ctx, const std::string& prefix, 
 /// the bias, replicated, goes to `*row_bias` under tensor parallelism so it is added once, after the sum).
 lora::LoraLinear make_parallel_linear(BuildContext& ctx, const std::string& prefix, int64_t out, int64_t in,
                                       bool bias, dist::TpSplit split, at::Tensor* row_bias = nullptr);
+/// A column-split [sum(sections), in] linear (no bias) whose output is consecutive sections, each split over the
+/// ranks on its own: this rank holds its rows of every section, in order.
+lora::LoraLinear make_sectioned_linear(BuildContext& ctx, const std::string& prefix,
+                                       const std::vector<int64_t>& sections, int64_t in);
 
 }  // namespace skyrl_tx::models

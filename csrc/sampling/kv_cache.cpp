@@ -19,9 +19,12 @@ KvCache::KvCache(const models::ModelConfig& config, int64_t max_rows, int64_t ma
     if (mixers[i] == models::MixerKind::kGatedDeltaNet) {  // a fixed-size state per row instead of K/V per token
       keys_.emplace_back();
       values_.emplace_back();
-      conv_states_.push_back(at::zeros({max_rows, conv_dim, config.linear_conv_kernel_dim - 1}, options));
-      recurrent_states_.push_back(at::zeros({max_rows, config.linear_num_value_heads, config.linear_key_head_dim,
-                                             config.linear_value_head_dim}, options.dtype(at::kFloat)));
+      // tensor parallel: this rank's heads of q, k and v (channels), and its value heads' states
+      conv_states_.push_back(at::zeros({max_rows, conv_dim / tensor_parallel_size,
+                                        config.linear_conv_kernel_dim - 1}, options));
+      recurrent_states_.push_back(at::zeros({max_rows, config.linear_num_value_heads / tensor_parallel_size,
+                                             config.linear_key_head_dim, config.linear_value_head_dim},
+                                            options.dtype(at::kFloat)));
       continue;
     }
     // [rows, kv_heads, max_len, head_dim]; MLA: one latent "head" and an empty V (ModelConfig::cache_key_dim);

@@ -210,10 +210,12 @@ def _odd_vocabulary_copy(source, dest):
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe", "tiny-qwen3-moe-ep2",
-                                    "tiny-deepseek-v3-ep2", "odd-vocabulary"])
+                                    "tiny-deepseek-v3-ep2", "tiny-qwen3.5", "tiny-qwen3.5-moe-ep2",
+                                    "odd-vocabulary"])
 def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: str) -> None:
     """tiny-qwen3-moe: experts whole on every rank; -ep2: expert_parallel_size 2, 4 of the 8 experts on each rank.
-    tiny-deepseek-v3: MLA split by heads (its latent whole on every rank, and cached whole), with experts split."""
+    tiny-deepseek-v3: MLA split by heads (its latent whole on every rank, and cached whole), with experts split.
+    tiny-qwen3.5: Gated DeltaNet split by heads (q, k and v each), its conv and recurrent states too."""
     if preset == "odd-vocabulary":
         model_dir = str(_odd_vocabulary_copy(tiny_model_dir("tiny-qwen3"), tmp_path / "tiny-qwen3-odd-vocabulary"))
     else:
@@ -240,11 +242,11 @@ def test_data_parallel_by_tensor_parallel_equals_one_process(tiny_model_dir) -> 
         _assert_same(got, single, f"dp2xtp2 rank {rank}")
 
 
-def _refusal_main(model_dir: str, rank: int, port: int, out: Any) -> None:
+def _refusal_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> None:
     from skyrl_tx.errors import InvalidArgumentError
 
     try:
-        _backend(model_dir, rank, 2, 2, port)
+        _backend(model_dir, rank, world, world, port)
         out.put((rank, "accepted"))
     except InvalidArgumentError as exc:
         out.put((rank, exc.message))
@@ -252,12 +254,14 @@ def _refusal_main(model_dir: str, rank: int, port: int, out: Any) -> None:
         out.put((rank, traceback.format_exc()))
 
 
-def test_a_model_not_split_yet_is_refused_by_name_on_every_rank(tiny_model_dir) -> None:
-    """Qwen3.5's Gated DeltaNet layers are not split: every rank stops at load, saying what to use instead."""
-    model_dir = str(tiny_model_dir("tiny-qwen3.5"))
-    reports = spawn_ranks(_refusal_main, 2, lambda r, port, out: (model_dir, r, port, out), 120, "tp2 refusal")
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_on_every_rank(tiny_model_dir) -> None:
+    """tiny-qwen3 has 4 attention heads and 2 KV heads: 3 ranks stop at load, naming the sizes and what to choose."""
+    model_dir = str(tiny_model_dir("tiny-qwen3"))
+    reports = spawn_ranks(_refusal_main, 3, lambda r, port, out: (model_dir, r, 3, port, out), 120, "tp3 refusal")
     for rank, message in reports.items():
-        assert "Gated DeltaNet" in message and "fully_sharded_data_parallel_size" in message, (rank, message)
+        assert "tensor_parallel_size 3 must divide the model's attention heads (4), KV heads (2)" in message, \
+            (rank, message)
+        assert "choose a divisor of 2" in message, (rank, message)
 
 
 def _dimuon_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> None:
