@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 from skyrl_tx._ext import load_extension
+from skyrl_tx.backend.native_convert import (
+    PEFT_PREFIX,
+    CustomLossCache,
+    core_names,
+    native_request,
+    native_sample_request,
+    peft_names,
+    sample_result,
+    token_tensor,
+    train_results,
+)
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
@@ -21,17 +31,13 @@ from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
 from skyrl_tx.types import (
     CustomLossGraph,
-    Datum,
     DimuonParams,
     OptimParams,
-    SampledSequence,
     SampleRequest,
     SampleResult,
     TrainRequest,
     TrainResult,
 )
-
-PEFT_PREFIX = "base_model.model."
 
 
 def _native_model_config(cfg: DecoderConfig):
@@ -63,10 +69,6 @@ def _native_backend_config(settings: BackendSettings):
             continue
         setattr(native, f.name, getattr(settings, f.name))
     return native
-
-
-def _as_token_tensor(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    return tokens.to(torch.int64) if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens), dtype=torch.int64)
 
 
 class NativeBackend:
@@ -116,7 +118,7 @@ class NativeBackend:
 
     def set_adapter_weights(self, adapter_id: str, state_dict: dict[str, torch.Tensor]) -> None:
         """Accepts PEFT state-dict names (with or without the 'base_model.model.' prefix)."""
-        self._core.set_adapter_weights(adapter_id, _core_names(state_dict))
+        self._core.set_adapter_weights(adapter_id, core_names(state_dict))
 
     def adapter_state_dict(self, adapter_id: str) -> dict[str, torch.Tensor]:
         """PEFT-named factors (what adapter_model.safetensors holds)."""
@@ -168,11 +170,11 @@ class NativeBackend:
     # ---- training -------------------------------------------------------------------------------
     def forward_backward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
         """One pass over all requests; gradients accumulate per model until optim_step."""
-        return _results(self._core.forward_backward([_native_request(r, self._custom_losses) for r in requests]))
+        return train_results(self._core.forward_backward([native_request(r, self._custom_losses) for r in requests]))
 
     def forward(self, requests: Sequence[TrainRequest]) -> list[TrainResult]:
         """forward_backward's outputs without gradients or side effects."""
-        return _results(self._core.forward([_native_request(r, self._custom_losses) for r in requests]))
+        return train_results(self._core.forward([native_request(r, self._custom_losses) for r in requests]))
 
     def check_custom_loss(self, graph: CustomLossGraph) -> None:
         """Rebuilds a create_custom_loss graph from the core's allow-list (InvalidArgumentError names the node it
@@ -195,10 +197,10 @@ class NativeBackend:
 
     def trainable_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies."""
-        return _peft_names(self._core.trainable_state(model_id))
+        return peft_names(self._core.trainable_state(model_id))
 
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
-        return _peft_names(self._core.trainable_grads(model_id))
+        return peft_names(self._core.trainable_grads(model_id))
 
     def optimizer_state_bytes(self, model_id: str) -> int:
         """Optimizer state and pending gradients this rank holds for the model (a ZeRO-sharded full fine-tune:
@@ -208,7 +210,7 @@ class NativeBackend:
     # ---- checkpoint state -----------------------------------------------------------------------
     def set_trainable_state(self, model_id: str, weights: dict[str, torch.Tensor]) -> None:
         """Inverse of trainable_state (PEFT or HF names); every name and shape is checked first."""
-        self._core.set_trainable_state(model_id, _core_names(weights))
+        self._core.set_trainable_state(model_id, core_names(weights))
 
     def optimizer_state(self, model_id: str):
         """The model's optimizer state (extension OptimizerState: kind, step, and by core name AdamW's exp_avg,
@@ -221,8 +223,8 @@ class NativeBackend:
         """Its kind must be the model's optimizer (InvalidArgumentError naming both otherwise)."""
         state = load_extension().OptimizerState()
         state.kind, state.step = kind, int(step)
-        state.exp_avg, state.exp_avg_sq = _core_names(exp_avg), _core_names(exp_avg_sq)
-        state.momentum = _core_names(momentum or {})
+        state.exp_avg, state.exp_avg_sq = core_names(exp_avg), core_names(exp_avg_sq)
+        state.momentum = core_names(momentum or {})
         self._core.set_optimizer_state(model_id, state)
 
     def restore_optimizer(self, model_id: str, saved: dict[str, Any]) -> None:
@@ -236,7 +238,7 @@ class NativeBackend:
         cfg = load_extension().LoraConfig()
         cfg.rank, cfg.alpha, cfg.seed = rank, float(alpha), 0
         cfg.train_attn, cfg.train_mlp, cfg.train_unembed = train_attn, train_mlp, train_unembed
-        self._core.load_snapshot(snapshot_id, cfg, _core_names(weights))
+        self._core.load_snapshot(snapshot_id, cfg, core_names(weights))
 
     def load_frozen_model(self, snapshot_id: str, weights: dict[str, torch.Tensor]) -> None:
         """A sampleable frozen full model from HF-named weights."""
@@ -288,10 +290,10 @@ class NativeBackend:
 
     def submit_sample(self, request: SampleRequest) -> int:
         """Queues a request for the continuous batch; sample_step() returns it when finished."""
-        return self._core.submit_sample(_native_sample_request(request))
+        return self._core.submit_sample(native_sample_request(request))
 
     def sample_step(self) -> list[tuple[int, SampleResult]]:
-        return [(i, _sample_result(r)) for i, r in self._core.sample_step()]
+        return [(i, sample_result(r)) for i, r in self._core.sample_step()]
 
     def sample_progress(self, sample_ids: Sequence[int]) -> dict[int, list[list[int]]]:
         """Streaming: for each of `sample_ids` still decoding, the tokens each of its samples has so far."""
@@ -299,7 +301,7 @@ class NativeBackend:
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
         """Runs the requests to completion in one continuous batch."""
-        return [_sample_result(r) for r in self._core.sample([_native_sample_request(r) for r in requests])]
+        return [sample_result(r) for r in self._core.sample([native_sample_request(r) for r in requests])]
 
 
     # ---- compute --------------------------------------------------------------------------------
@@ -308,127 +310,6 @@ class NativeBackend:
                        adapter_ids: Sequence[str] | None = None) -> list[torch.Tensor]:
         """log p(target_t | input_0..t) per sequence; adapter id "" (default) is the base model."""
         ids = list(adapter_ids) if adapter_ids is not None else [""] * len(input_tokens)
-        return self._core.token_logprobs([_as_token_tensor(t) for t in input_tokens],
-                                         [_as_token_tensor(t) for t in target_tokens], ids)
+        return self._core.token_logprobs([token_tensor(t) for t in input_tokens],
+                                         [token_tensor(t) for t in target_tokens], ids)
 
-
-def _core_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """PEFT names → the core's module names. PEFT's `<module>.base_layer.weight` copies (saved when lm_head is
-    a target, meant for resized vocabularies) are skipped: the base model never changes here."""
-    return {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if not k.endswith(".base_layer.weight")}
-
-
-def _peft_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LoRA factors get PEFT's 'base_model.model.' prefix; full fine-tuning keeps HF names."""
-    if any(".lora_" in name for name in tensors):
-        return {PEFT_PREFIX + k: v for k, v in tensors.items()}
-    return dict(tensors)
-
-
-def _loss_input(name: str, value: list | torch.Tensor) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    return torch.tensor(value, dtype=torch.int64 if name == "target_tokens" else torch.float32)
-
-
-def _native_datum(datum: Datum):
-    inputs = {k: _loss_input(k, v) for k, v in datum.loss_fn_inputs.items()}
-    return load_extension().TrainDatum(_as_token_tensor(datum.input_tokens), inputs)
-
-
-def _native_request(request: TrainRequest, custom_losses: CustomLossCache):
-    native = load_extension().TrainRequest(request.model_id, [_native_datum(d) for d in request.data],
-                                           request.loss_fn, dict(request.loss_fn_config or {}))
-    if request.custom_loss is not None:
-        native.custom_loss = custom_losses.get(request.custom_loss)
-    return native
-
-
-class CustomLossCache:
-    """Custom losses rebuilt by the core (_C.CustomLoss.from_wire), by loss_id: a loss is rebuilt once, not per
-    request. Bounded: an RL run creates a handful; the oldest goes first."""
-
-    def __init__(self, capacity: int = 256):
-        self._capacity, self._losses = capacity, {}
-
-    def get(self, graph: CustomLossGraph) -> Any:
-        loss = self._losses.pop(graph.loss_id, None)
-        if loss is None:
-            loss = load_extension().CustomLoss.from_wire(graph.name, list(graph.input_names), list(graph.input_ranks),
-                                                         graph.nodes)
-        self._losses[graph.loss_id] = loss  # most recently used last
-        while len(self._losses) > self._capacity:
-            self._losses.pop(next(iter(self._losses)))
-        return loss
-
-
-def _results(native_results) -> list[TrainResult]:
-    return [TrainResult(loss_fn_outputs=[{"logprobs": o.logprobs, "elementwise_loss": o.elementwise_loss}
-                                         for o in r.loss_fn_outputs],
-                        metrics=dict(r.metrics)) for r in native_results]
-
-
-def _native_sample_request(request: SampleRequest):
-    _C = load_extension()
-    params = _C.SamplingParams()
-    p = request.sampling_params
-    params.max_tokens, params.temperature, params.top_k, params.top_p = p.max_tokens, p.temperature, p.top_k, p.top_p
-    params.seed = p.seed
-    params.stop_at_eos = p.stop is None or len(p.stop) > 0
-    stop = list(p.stop or [])
-    if any(isinstance(s, str) for s in stop) and not all(isinstance(s, str) for s in stop):
-        raise InvalidArgumentError("sample: stop must be all token ids or all strings")
-    params.stop_strings = [s for s in stop if isinstance(s, str)]
-    params.stop_tokens = [int(s) for s in stop if not isinstance(s, str)]
-    native = _C.SampleRequest()
-    native.weights_id, native.prompt = request.weights_id, _as_token_tensor(request.prompt_tokens)
-    native.num_samples, native.params = request.num_samples, params
-    native.prompt_logprobs, native.topk_prompt_logprobs = request.prompt_logprobs, request.topk_prompt_logprobs
-    native.prompt_logprobs_last_n = request.prompt_logprobs_last_n
-    native.prompt_alt_tokens_k = request.prompt_alt_tokens_k
-    native.topk_sample_logprobs = request.topk_sample_logprobs
-    if request.target_prompt_token_ids is not None:
-        native.target_prompt_token_ids = _target_ids_tensor(request.target_prompt_token_ids)
-    return native
-
-
-def _target_ids_tensor(rows: list[list[int]]) -> torch.Tensor:
-    """[len(prompt) - 1, K] int64; ragged rows are the caller's error, named like the engine's other checks."""
-    widths = {len(r) for r in rows}
-    if len(widths) > 1:
-        raise InvalidArgumentError(f"sample: target_prompt_logprobs rows must all have K entries (got lengths "
-                                   f"{sorted(widths)})")
-    return torch.tensor(rows, dtype=torch.int64).view(len(rows), widths.pop() if widths else 0)
-
-
-def _topk_rows(ids: torch.Tensor, logprobs: torch.Tensor) -> list[list[tuple[int, float]] | None]:
-    """[n, k] ids (-1 where a position was not scored) and logprobs -> per position (id, logprob) pairs or None."""
-    return [None if row_ids[0] < 0 else list(zip(row_ids, row_lps))
-            for row_ids, row_lps in zip(ids.tolist(), logprobs.tolist())]
-
-
-def _sampled_sequence(native) -> SampledSequence:
-    topk = None
-    if native.topk_token_ids:
-        ids, lps = native.topk_token_ids, native.topk_logprobs
-        k = len(ids) // max(len(native.tokens), 1)
-        topk = [list(zip(ids[i * k:(i + 1) * k], lps[i * k:(i + 1) * k])) for i in range(len(native.tokens))]
-    return SampledSequence(list(native.tokens), list(native.logprobs), native.stop_reason, topk)
-
-
-def _sample_result(native) -> SampleResult:
-    prompt_logprobs = None
-    if native.prompt_logprobs is not None and native.prompt_logprobs.numel() > 0:  # NaN: not scored
-        prompt_logprobs = [None if math.isnan(v) else v for v in native.prompt_logprobs.tolist()]
-    topk = None
-    if native.topk_prompt_token_ids is not None and native.topk_prompt_token_ids.numel() > 0:
-        topk = _topk_rows(native.topk_prompt_token_ids, native.topk_prompt_logprobs)
-    targets = None
-    if native.target_prompt_logprobs is not None and native.target_prompt_logprobs.dim() == 2:
-        targets = native.target_prompt_logprobs.tolist()
-    alternatives = None
-    if native.prompt_alt_token_ids is not None and native.prompt_alt_token_ids.dim() == 2:
-        alternatives = (native.prompt_alt_token_ids.tolist(), native.prompt_alt_logprobs.tolist())
-    return SampleResult(sequences=[_sampled_sequence(s) for s in native.sequences], prompt_logprobs=prompt_logprobs,
-                        topk_prompt_logprobs=topk, target_prompt_logprobs=targets, prompt_alt_tokens=alternatives,
-                        prompt_cache_hit_tokens=int(native.prompt_cache_hit_tokens))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from skyrl_tx.backend.native import PEFT_PREFIX
+from skyrl_tx.backend.native_convert import PEFT_PREFIX
 from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files, write_directory
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights

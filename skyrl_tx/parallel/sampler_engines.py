@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
-from skyrl_tx.parallel.layout import first_cuda_index
+from skyrl_tx.parallel.layout import sampler_device
 from skyrl_tx.parallel.sampler_engine_process import sampler_engine_main
 from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S, weights_digest
 from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
@@ -416,16 +416,3 @@ class SamplerEnginesBackend:
         if close is not None:
             close()
 
-
-def sampler_device(settings: BackendSettings, index: int) -> str:
-    """Sampler engine `index`'s (first) device: on a GPU node the devices after the trainer's ranks (with 2 trainer
-    ranks on cuda:0 and cuda:1, the sampler engines use cuda:2, cuda:3, ...; engines of T tensor-parallel ranks
-    each take T devices in a row: cuda:2-3, cuda:4-5, ...), or where inference_engine_devices puts it."""
-    if settings.inference_engine_devices:
-        return settings.inference_engine_devices[index]
-    if settings.device == "cpu":
-        return "cpu"
-    first = first_cuda_index(settings.device)
-    trainer_ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
-    trainer_ranks_here = trainer_ranks // max(settings.num_processes, 1)
-    return f"cuda:{first + trainer_ranks_here + index * settings.inference_engine_tensor_parallel_size}"

@@ -7,8 +7,7 @@ import pytest
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
-from skyrl_tx.parallel.layout import RankLayout
-from skyrl_tx.parallel.sampler_engines import sampler_device
+from skyrl_tx.parallel.layout import RankLayout, sampler_device
 
 
 def test_ranks_of_a_data_by_tensor_parallel_layout() -> None:
