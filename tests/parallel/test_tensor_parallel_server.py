@@ -39,6 +39,20 @@ def test_tensor_parallel_server_equals_one_process(preset_cache, one_process_run
     _assert_one_process_results(got, one_process_run)
 
 
+@pytest.mark.parametrize(("preset", "split"), [("tiny-deepseek-v3", {"expert_parallel_size": 2}),
+                                               ("tiny-qwen3.5", {})])
+def test_every_architecture_family_serves_split(preset_cache, preset: str, split: dict) -> None:
+    """DeepSeek V3 (MLA, experts spread over the ranks) and Qwen3.5 (Gated DeltaNet) under TP=2 train and sample
+    through the SDK exactly as one process serving them does."""
+    with live_server(base_model=preset) as url:
+        one_process = train_and_sample(url, tenants=TENANTS, base_model=preset)
+    with live_server(base_model=preset, backend_config={**TP, **split}) as url:
+        assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(), url.log_tail()
+        got = train_and_sample(url, tenants=TENANTS, base_model=preset)
+    assert set(got["losses"]) == {"a", "b", "full"}
+    _assert_one_process_results(got, one_process)
+
+
 def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights(preset_cache,
                                                                                  one_process_run) -> None:
     """kill -9 of the worker rank (half of every layer) after the full fine-tune's second step: the engine's next

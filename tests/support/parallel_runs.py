@@ -17,7 +17,8 @@ TENANTS = (("a", 4, 1), ("b", 8, 2), ("full", 0, 3))  # name, LoRA rank (0: full
 
 
 def train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: str = "engine",
-                     tenants: tuple[tuple[str, int, int], ...] = TENANTS) -> dict[str, Any]:
+                     tenants: tuple[tuple[str, int, int], ...] = TENANTS,
+                     base_model: str = "tiny-qwen3") -> dict[str, Any]:
     """`tenants` (by default two LoRA tenants, ranks 4 and 8, and a full fine-tune), fixed seeds, train STEPS steps
     on ragged batches, then sample greedily. kill_after (name, step): kill -9 `kill` ("engine" or "worker", the
     engine's first worker rank) after that tenant's step."""
@@ -27,7 +28,7 @@ def train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: 
     os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-dp", TINKER_TELEMETRY="0")
     out: dict[str, Any] = {"losses": {}, "tokens": {}}
     with tinker.ServiceClient() as service:
-        clients = {name: service.create_lora_training_client(base_model="tiny-qwen3", rank=rank, seed=seed).result()
+        clients = {name: service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed).result()
                    for name, rank, seed in tenants}
         for name, client in clients.items():
             losses = []
