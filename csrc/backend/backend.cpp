@@ -79,7 +79,9 @@ void Backend::size_kv_cache_from_memory() {
   int64_t rows = sampling::kv_rows_within_device_memory(model_->options().device, config_.gpu_memory_utilization,
                                                         row_bytes);
   if (tensor_parallel().enabled()) {  // every rank decodes the same rows: the fewest any rank has room for
-    at::Tensor fewest = tensor_parallel().max(at::full({1}, -rows, at::kLong));  // [1]
+    // [1], on the device: an NCCL group reduces device tensors only
+    at::Tensor fewest = tensor_parallel().max(
+        at::full({1}, -rows, at::TensorOptions().dtype(at::kLong).device(model_->options().device)));
     rows = -fewest.item<int64_t>();
   }
   config_.max_sampling_sequences = rows;
