@@ -64,8 +64,14 @@ at::Tensor WeightStore::take_sections(const std::string& name, at::IntArrayRef s
   part_shape[dim] = 0;
   for (int64_t n : sections) part_shape[dim] += tp.shard(n).length;
   if (holds_parts_) return take(name, part_shape);
-  at::Tensor whole = take(name, shape);  // (a zero placeholder when missing or mis-shaped: recorded)
-  return tp.narrow_sections(whole, dim, sections);
+  auto it = weights_.find(name);
+  if (it == weights_.end() || it->second.sizes() != shape) {  // recorded as missing or mis-shaped
+    return tp.narrow_sections(take(name, shape), dim, sections);
+  }
+  at::Tensor whole = std::move(it->second);
+  weights_.erase(it);
+  // As take_part: the parts are cut on the host; only they are copied to the device.
+  return tp.narrow_sections(whole, dim, sections).to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true);
 }
 
 at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef shape) {
