@@ -74,8 +74,10 @@ class BackendSettings:
     # over this many ranks (dense Qwen3 / Llama 3, LoRA; csrc/dist/tensor_parallel.h), each holding its shard of the
     # weights and KV cache. With fully_sharded_data_parallel_size D there are D x T ranks: D replicas of T ranks.
     tensor_parallel_size: int = 1
-    # Expert parallelism: 1, or tensor_parallel_size to spread every MoE layer's experts over those ranks (each holds
-    # and runs its share; one all-reduce combines them). 1 keeps the experts whole on every rank.
+    # Expert parallelism: 1 keeps the experts whole on every rank; tensor_parallel_size spreads every MoE layer's
+    # experts over those ranks (each holds and runs its share; one all-reduce combines them); with
+    # tensor_parallel_size 1, fully_sharded_data_parallel_size spreads them over the data-parallel ranks (each
+    # token sent to its expert's rank and back, all-to-all; LoRA only).
     expert_parallel_size: int = 1
     # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
@@ -194,6 +196,13 @@ class BackendSettings:
                                                f"{taken[index]} uses; give each engine devices of its own")
                 taken[index] = f"sampler engine {engine}"
 
+    @property
+    def experts_over_data_parallel(self) -> bool:
+        """Expert parallelism over the data-parallel ranks (each holds 1/D of every MoE layer's experts and sends
+        each token to its expert's rank) rather than over a replica's tensor-parallel ranks."""
+        return (self.tensor_parallel_size == 1 and self.fully_sharded_data_parallel_size > 1
+                and self.expert_parallel_size == self.fully_sharded_data_parallel_size)
+
     def validate(self) -> None:
         if self.kv_cache_tokens < 0:
             raise InvalidArgumentError(f"--backend-config: kv_cache_tokens must be >= 0 (0: max_sampling_sequences "
@@ -221,10 +230,12 @@ class BackendSettings:
                     "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb", "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")
-        if self.expert_parallel_size not in (1, self.tensor_parallel_size):
-            raise InvalidArgumentError(f"--backend-config: expert_parallel_size must be 1 or tensor_parallel_size "
-                                       f"({self.tensor_parallel_size}): the experts are spread over the "
-                                       f"tensor-parallel ranks (got {self.expert_parallel_size})")
+        if self.expert_parallel_size not in (1, self.tensor_parallel_size) and not self.experts_over_data_parallel:
+            raise InvalidArgumentError(
+                f"--backend-config: expert_parallel_size must be 1, tensor_parallel_size ({self.tensor_parallel_size}"
+                f"; the experts spread over the tensor-parallel ranks) or, with tensor_parallel_size 1, "
+                f"fully_sharded_data_parallel_size ({self.fully_sharded_data_parallel_size}; the experts spread over "
+                f"the data-parallel ranks, tokens sent to them all-to-all) (got {self.expert_parallel_size})")
         if self.train_micro_batch_size < 0:
             raise InvalidArgumentError(f"--backend-config: train_micro_batch_size must be >= 0 (sequences per "
                                        f"micro-batch; 0: no limit; got {self.train_micro_batch_size})")

@@ -53,7 +53,8 @@ void BackendConfig::validate() const {
 }
 
 Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights,
-                 std::shared_ptr<dist::Collectives> tensor_parallel)
+                 std::shared_ptr<dist::Collectives> tensor_parallel,
+                 std::shared_ptr<dist::Collectives> expert_parallel)
     : config_(config), registry_(config.max_lora_adapters) {
   config_.validate();
   models::ModelOptions options;
@@ -63,10 +64,18 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
   options.dtype = parse_dtype(config.dtype);
   options.device = parse_device(config.device);
   options.tensor_parallel = dist::TensorParallel(std::move(tensor_parallel));
-  SKYRL_TX_CHECK(config.expert_parallel_size == 1 || config.expert_parallel_size == options.tensor_parallel.size(),
-                 InvalidArgument, "backend config: expert_parallel_size ", config.expert_parallel_size,
-                 " must be 1 or tensor_parallel_size (", options.tensor_parallel.size(), "): the experts are spread "
-                 "over the tensor-parallel ranks");
+  if (expert_parallel && config.expert_parallel_size > 1) {  // spread over the data-parallel ranks
+    SKYRL_TX_CHECK(!options.tensor_parallel.enabled() && config.expert_parallel_size == expert_parallel->world_size(),
+                   InvalidArgument, "backend config: expert_parallel_size ", config.expert_parallel_size,
+                   " over the data-parallel ranks must equal their number (", expert_parallel->world_size(),
+                   ") with tensor_parallel_size 1 (got ", options.tensor_parallel.size(), ")");
+    options.experts_over_data_parallel = std::move(expert_parallel);
+  } else {
+    SKYRL_TX_CHECK(config.expert_parallel_size == 1 || config.expert_parallel_size == options.tensor_parallel.size(),
+                   InvalidArgument, "backend config: expert_parallel_size ", config.expert_parallel_size,
+                   " must be 1, tensor_parallel_size (", options.tensor_parallel.size(), ") or, with "
+                   "tensor_parallel_size 1, the number of data-parallel ranks");
+  }
   options.split_experts = config.expert_parallel_size > 1;
   model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
   if (config_.gpu_memory_utilization > 0.0) size_kv_cache_from_memory();

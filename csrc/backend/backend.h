@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend_config.h"
+#include "backend/micro_batch.h"
 #include "batching/train_batch.h"
 #include "dist/collectives.h"
 #include "lora/adapter_registry.h"
@@ -42,7 +43,8 @@ class Backend {
   /// and optimizer moments cross this interface whole (gathered on the way out, sharded on the way in), so
   /// checkpoints load into any layout.
   Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights,
-          std::shared_ptr<dist::Collectives> tensor_parallel = nullptr);
+          std::shared_ptr<dist::Collectives> tensor_parallel = nullptr,
+          std::shared_ptr<dist::Collectives> expert_parallel = nullptr);
 
   /// Allocates a slot and initialises the adapter (A random from config.seed, B = 0). Returns the slot.
   /// Throws InvalidArgument (bad rank/alpha), Conflict (id exists), ResourceExhausted (no free slot).
@@ -151,6 +153,12 @@ class Backend {
   void size_kv_cache_from_memory();
   std::shared_ptr<dist::Collectives> collectives_;  // set: data-parallel rank (attach_collectives)
   const dist::TensorParallel& tensor_parallel() const { return model_->tensor_parallel(); }
+  /// The group trainable tensors are split over: the tensor-parallel one, or the data-parallel one when the
+  /// experts are spread over it (only experts are split then: they are owned by one rank each).
+  const dist::TensorParallel& split_group() const {
+    return experts_over_data_parallel() ? model_->expert_parallel().group() : tensor_parallel();
+  }
+  bool experts_over_data_parallel() const { return model_->expert_parallel().over_data_parallel(); }
   /// Under tensor parallelism each carries how the group holds it (optim::TrainableTensor::split).
   std::vector<optim::TrainableTensor> trainable_tensors(const std::string& model_id) const;
   /// `local` (this rank's part of `t`, or of a tensor shaped like it: a gradient, a moment) as one process has it.
@@ -171,6 +179,10 @@ class Backend {
   optim::ZeroAdamState* zero_state(const std::string& model_id);
   const optim::ZeroAdamState* zero_state(const std::string& model_id) const;
   std::vector<batching::TrainResult> run_requests(const std::vector<batching::TrainRequest>& requests, bool train);
+  /// Experts over the data-parallel ranks: how many micro-batches fewer than the busiest rank's this rank planned
+  /// (a collective), and one padding micro-batch of those (backend_training.cpp).
+  int64_t micro_batches_short_of_busiest(size_t planned) const;
+  void run_padding_micro_batch(const MicroBatchOptions& options);
 
   BackendConfig config_;
   std::unique_ptr<models::CausalLM> model_;  // the shared base; LoRA adapters live in its slots

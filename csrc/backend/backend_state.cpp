@@ -157,7 +157,7 @@ void Backend::load_snapshot(const std::string& snapshot_id, const lora::LoraConf
     const int64_t rank = lora_config.rank;
     optim::TrainableTensor factor_a{a_name, at::empty({rank, m.module->in_features()}, at::kFloat), {}, {}};
     optim::TrainableTensor factor_b{b_name, at::empty({m.module->out_features(), rank}, at::kFloat), {}, {}};
-    if (tensor_parallel().enabled()) {
+    if (split_group().enabled()) {
       factor_a.split = lora_split(m, false, factor_a.param.sizes());
       factor_b.split = lora_split(m, true, factor_b.param.sizes());
     }

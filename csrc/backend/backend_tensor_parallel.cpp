@@ -1,5 +1,5 @@
-// Backend under tensor parallelism: which LoRA factors a rank holds a shard of (or, for experts, whole or not at
-// all), and the whole tensors one process would hold, gathered on the way out of the backend and split on the way in.
+// Backend under tensor or expert parallelism: which LoRA factors a rank holds a shard of (or, for experts, whole
+// or not at all), and the whole tensors one process would hold, gathered on the way out and split on the way in.
 #include "backend/backend.h"
 
 #include "common/errors.h"
@@ -10,6 +10,7 @@ dist::TensorSplit Backend::lora_split(const models::NamedLoraModule& m, bool b, 
   const int64_t size = tensor_parallel().size();
   std::vector<int64_t> whole(local.begin(), local.end());
   dist::TensorSplit split;
+  if (m.split != dist::TpSplit::kOwned && !tensor_parallel().enabled()) return split;  // experts over data parallel
   // B [out, r] of a column-parallel layer holds this rank's output rows (the lm_head's: its vocabulary rows, an
   // uneven split); A [r, in] of a row-parallel layer its input columns. The other factor is replicated. An expert's
   // factors are whole on the rank that holds the expert and empty elsewhere.
@@ -39,21 +40,21 @@ optim::TrainableTensor Backend::lora_factor(const models::NamedLoraModule& m, in
   const std::string name = m.name + (b ? ".lora_B.weight" : ".lora_A.weight");
   optim::TrainableTensor t{name, b ? m.module->lora_b(slot) : m.module->lora_a(slot),
                            b ? m.module->lora_b_grad(slot) : m.module->lora_a_grad(slot), {}};
-  if (tensor_parallel().enabled()) t.split = lora_split(m, b, t.param.sizes());
+  if (split_group().enabled()) t.split = lora_split(m, b, t.param.sizes());
   return t;
 }
 
 std::vector<int64_t> Backend::whole_shape(const optim::TrainableTensor& t) const {
-  if (!tensor_parallel().enabled() || t.split.replicated()) return t.param.sizes().vec();
+  if (!split_group().enabled() || t.split.replicated()) return t.param.sizes().vec();
   return t.split.whole_shape;
 }
 
 at::Tensor Backend::whole(const optim::TrainableTensor& t, const at::Tensor& local) const {
-  return tensor_parallel().whole(local, t.split);
+  return split_group().whole(local, t.split);
 }
 
 at::Tensor Backend::part(const optim::TrainableTensor& t, const at::Tensor& full) const {
-  return tensor_parallel().part(full, t.split, t.param.sizes());
+  return split_group().part(full, t.split, t.param.sizes());
 }
 
 }  // namespace skyrl_tx::backend

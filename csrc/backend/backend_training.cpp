@@ -19,6 +19,9 @@ namespace skyrl_tx::backend {
 
 void Backend::create_full_model(const std::string& model_id) {
   SKYRL_TX_CHECK(!model_id.empty(), InvalidArgument, "create_model: model id must not be empty");
+  SKYRL_TX_CHECK(!experts_over_data_parallel(), InvalidArgument, "create_model: full fine-tuning (lora rank 0) with "
+                 "the experts spread over the data-parallel ranks is not built; train a LoRA adapter (lora_rank > 0), "
+                 "or set expert_parallel_size to 1 or to tensor_parallel_size");
   SKYRL_TX_CHECK(!full_models_.count(model_id) && !registry_.contains(model_id), Conflict, "create_model: model '",
                  model_id, "' already exists");
   SKYRL_TX_CHECK(static_cast<int64_t>(full_models_.size()) < config_.max_full_models, ResourceExhausted,
@@ -147,7 +150,7 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
     free_grads(model_id);
     return metrics;
   }
-  std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params, tensor_parallel());
+  std::map<std::string, double> metrics = optimizers_[model_id].step(tensors, params, split_group());
   free_grads(model_id);
   return metrics;
 }
@@ -158,7 +161,7 @@ std::map<std::string, double> Backend::optim_step(const std::string& model_id, c
   SKYRL_TX_CHECK(it != dimuon_.end(), InvalidArgument, "optim_step: model '", model_id,
                  "' uses the adamw optimizer (chosen at create_model); send adam_params (AdamParams), not "
                  "optimizer_params of type dimuon");
-  std::map<std::string, double> metrics = it->second.step(tensors, params, tensor_parallel());
+  std::map<std::string, double> metrics = it->second.step(tensors, params, split_group());
   free_grads(model_id);
   return metrics;
 }
@@ -266,41 +269,50 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   // Data parallelism: this rank computes its share of the rows; the gradients and outputs are summed below.
   const bool parallel = collectives_ && collectives_->world_size() > 1;
   const std::vector<char> mine = parallel ? rows_of_this_rank(rows, *collectives_) : std::vector<char>(rows.size(), 1);
-  int64_t micro_index = 0;
+  std::vector<std::pair<const models::CausalLM*, std::vector<size_t>>> micro_batches;
   for (const auto& [model, group_rows] : groups) {
     std::vector<size_t> row_ids;
     for (size_t id : group_rows) {
       if (mine[id]) row_ids.push_back(id);
     }
     if (row_ids.empty()) continue;
-    for (const auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens,
-                                                                     config_.train_micro_batch_size)) {
-      std::vector<const batching::TrainRow*> batch_rows;
-      std::vector<int64_t> slots;
-      for (size_t id : micro) {
-        batch_rows.push_back(&rows[id]);
-        slots.push_back(request_slot[rows[id].request]);
-      }
-      auto [batch, inputs] = batching::pack_training_rows(batch_rows, slots, model_config().vocab_size,
-                                                          model->options().device);
-      MicroBatchOutput out = run_micro_batch(*model, batch, inputs, options);
-      fault_injection::after_micro_batch(micro_index++);
-      std::vector<at::Tensor> logprobs = batching::unpack_tokens(out.logprobs.to(at::kCPU), batch);
-      std::vector<at::Tensor> losses = batching::unpack_tokens(out.loss.to(at::kCPU), batch);
-      for (size_t k = 0; k < micro.size(); ++k) {
-        const batching::TrainRow& row = rows[micro[k]];
-        results[row.request].loss_fn_outputs[row.datum] = {logprobs[k].clone(), losses[k].clone(),
-                                                           std::move(out.custom_values[k])};
-        loss_sums[row.request] += losses[k].to(at::kDouble).sum().item<double>();
-      }
+    for (auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens,
+                                                    config_.train_micro_batch_size)) {
+      micro_batches.emplace_back(model, std::move(micro));
     }
   }
+  // Experts over the data-parallel ranks: every MoE layer of every micro-batch is an all-to-all, so every rank runs
+  // as many micro-batches as the busiest one (padding ones of one zero-weight token), each in the same mode.
+  const dist::ExpertParallel::DistinctTokens distinct_tokens(model_->expert_parallel());
+  const int64_t padding = experts_over_data_parallel() ? micro_batches_short_of_busiest(micro_batches.size()) : 0;
+  int64_t micro_index = 0;
+  for (const auto& [model, micro] : micro_batches) {
+    std::vector<const batching::TrainRow*> batch_rows;
+    std::vector<int64_t> slots;
+    for (size_t id : micro) {
+      batch_rows.push_back(&rows[id]);
+      slots.push_back(request_slot[rows[id].request]);
+    }
+    auto [batch, inputs] = batching::pack_training_rows(batch_rows, slots, model_config().vocab_size,
+                                                        model->options().device);
+    MicroBatchOutput out = run_micro_batch(*model, batch, inputs, options);
+    fault_injection::after_micro_batch(micro_index++);
+    std::vector<at::Tensor> logprobs = batching::unpack_tokens(out.logprobs.to(at::kCPU), batch);
+    std::vector<at::Tensor> losses = batching::unpack_tokens(out.loss.to(at::kCPU), batch);
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const batching::TrainRow& row = rows[micro[k]];
+      results[row.request].loss_fn_outputs[row.datum] = {logprobs[k].clone(), losses[k].clone(),
+                                                         std::move(out.custom_values[k])};
+      loss_sums[row.request] += losses[k].to(at::kDouble).sum().item<double>();
+    }
+  }
+  for (int64_t i = 0; i < padding; ++i) run_padding_micro_batch(options);
   for (size_t r = 0; r < requests.size(); ++r) results[r].metrics["loss:sum"] = loss_sums[r];
   // Tensor parallel: the replicated LoRA factors' gradients are partial sums (each rank's shard's share).
   if (grads && tensor_parallel().enabled()) grads->sum_partial_over(tensor_parallel());
   if (parallel) {  // every rank, rows or not: the collectives need them all
     share_row_outputs(rows, mine, results, *collectives_, model_->options().device);
-    if (grads) grads->all_reduce(*collectives_);
+    if (grads) grads->all_reduce(*collectives_, /*owned_are_whole=*/experts_over_data_parallel());
   }
   for (size_t r = 0; r < requests.size(); ++r) {
     if (!requests[r].custom_loss) continue;
@@ -312,6 +324,31 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   }
   if (grads) grads->commit();  // last: nothing after it can fail
   return results;
+}
+
+}  // namespace skyrl_tx::backend
+
+namespace skyrl_tx::backend {
+
+int64_t Backend::micro_batches_short_of_busiest(size_t planned) const {
+  // [1] on the model's device (an NCCL group reduces device tensors only)
+  at::Tensor most = at::full({1}, static_cast<int64_t>(planned),
+                             at::TensorOptions().dtype(at::kLong).device(model_->options().device));
+  collectives_->all_reduce_max(most);
+  return most.item<int64_t>() - static_cast<int64_t>(planned);
+}
+
+void Backend::run_padding_micro_batch(const MicroBatchOptions& options) {
+  // One token of the base model with weight 0: its loss and every gradient it adds are exactly zero; it exists
+  // only so this rank runs the MoE layers' exchanges the other ranks are waiting on.
+  batching::TrainRow row;
+  row.input_tokens = at::zeros({1}, at::kLong);   // [1]
+  row.target_tokens = at::zeros({1}, at::kLong);  // [1]
+  row.weights = at::zeros({1}, at::kFloat);       // [1]
+  row.sampling_logprobs = row.advantages = row.clip_low = row.clip_high = at::zeros({1}, at::kFloat);  // unused
+  auto [batch, inputs] = batching::pack_training_rows({&row}, {0}, model_config().vocab_size,
+                                                      model_->options().device);
+  run_micro_batch(*model_, batch, inputs, options);
 }
 
 }  // namespace skyrl_tx::backend

@@ -44,10 +44,11 @@ GradTransaction::GradTransaction(const models::CausalLM& base, const std::set<in
   for (ParamGrad& p : params_) p.before = std::exchange(p.param.mutable_grad(), at::Tensor());
 }
 
-void GradTransaction::all_reduce(dist::Collectives& group) {
+void GradTransaction::all_reduce(dist::Collectives& group, bool owned_are_whole) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;  // the order of lora_ then params_: the same on every rank
   for (LoraGrads& g : lora_) {
+    if (owned_are_whole && g.split == dist::TpSplit::kOwned) continue;
     grads.push_back(g.module->slot_grad_a(g.slot));  // allocated (zeros) where this rank had no rows
     grads.push_back(g.module->slot_grad_b(g.slot));
   }

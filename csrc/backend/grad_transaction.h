@@ -42,7 +42,9 @@ class GradTransaction {
   /// rank did not touch contributes zeros); a ZeRO model's are reduce-scattered instead (one collective per
   /// model) and its full-size .grad tensors freed. Every rank calls it with the same slots and models, before
   /// commit.
-  void all_reduce(dist::Collectives& group);
+  /// `owned_are_whole`: experts spread over this (data-parallel) group: an expert's factors live on its rank only,
+  /// and the token exchange already gave it every rank's share, so they are left out.
+  void all_reduce(dist::Collectives& group, bool owned_are_whole = false);
 
   /// Tensor parallelism: the replicated LoRA factors (A of a column-parallel layer, B of a row-parallel one) got
   /// each rank's share of their gradient; sums them over `tp` (one flat buffer) so every rank holds the whole.

@@ -20,9 +20,9 @@ void bind_backend(py::module_& m) {
       .def_readwrite("exp_avg_sq", &backend::OptimizerState::exp_avg_sq);
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def(py::init<const models::ModelConfig&, const backend::BackendConfig&, models::WeightMap,
-                    std::shared_ptr<dist::Collectives>>(),
+                    std::shared_ptr<dist::Collectives>, std::shared_ptr<dist::Collectives>>(),
            py::arg("model_config"), py::arg("config"), py::arg("weights"), py::arg("tensor_parallel") = nullptr,
-           Release())
+           py::arg("expert_parallel") = nullptr, Release())
       .def("create_adapter", &Backend::create_adapter, py::arg("adapter_id"), py::arg("lora_config"), Release())
       .def("remove_adapter", &Backend::remove_adapter, py::arg("adapter_id"), Release())
       .def("max_sampling_sequences", &Backend::max_sampling_sequences)

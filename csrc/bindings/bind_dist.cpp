@@ -51,6 +51,8 @@ void bind_dist(py::module_& m) {
       .def("all_gather", &Collectives::all_gather, py::arg("shard"), py::call_guard<py::gil_scoped_release>())
       .def("broadcast", &Collectives::broadcast, py::arg("tensor"), py::arg("root"),
            py::call_guard<py::gil_scoped_release>())
+      .def("all_to_all", &Collectives::all_to_all, py::arg("input"), py::arg("send"), py::arg("recv"),
+           py::call_guard<py::gil_scoped_release>())
       .def("barrier", &Collectives::barrier, py::call_guard<py::gil_scoped_release>())
       .def("stats", &Collectives::stats)
       .def("reset_stats", &Collectives::reset_stats);

@@ -105,6 +105,27 @@ PendingCollective Collectives::broadcast_async(at::Tensor& tensor, int root) {
 
 void PendingCollective::wait() { owner_->wait(work_, what_, bytes_, started_); }
 
+at::Tensor Collectives::all_to_all(const at::Tensor& input, const std::vector<int64_t>& send,
+                                   const std::vector<int64_t>& recv) {
+  const int64_t n = world_size();
+  SKYRL_TX_CHECK(int64_t(send.size()) == n && int64_t(recv.size()) == n && input.dim() >= 1, InvalidArgument,
+                 "all_to_all: one send and one receive count per rank (", n, "), rows along dim 0");
+  int64_t sent = 0, received = 0;
+  for (int64_t r = 0; r < n; ++r) sent += send[r], received += recv[r];
+  SKYRL_TX_CHECK(sent == input.size(0), InvalidArgument, "all_to_all: the send counts add up to ", sent,
+                 " rows, the input has ", input.size(0));
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = received;
+  at::Tensor output = at::empty(shape, input.options());  // [sum(recv), ...]
+  at::Tensor in = input.contiguous();
+  // c10d counts the split sizes in rows of dim 0.
+  std::vector<int64_t> out_splits(recv), in_splits(send);
+  const auto started = std::chrono::steady_clock::now();
+  c10d::AllToAllOptions options;
+  wait(group_->alltoall_base(output, in, out_splits, in_splits, options), "all_to_all", in.nbytes(), started);
+  return output;
+}
+
 void Collectives::barrier() { wait(group_->barrier(), "barrier", 0, std::chrono::steady_clock::now()); }
 
 std::vector<int64_t> split_rows_by_tokens(const std::vector<int64_t>& row_tokens, int64_t world_size) {

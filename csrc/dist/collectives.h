@@ -1,5 +1,5 @@
 // Collectives: the c10d operations the engine's ranks run (sum all-reduce, reduce-scatter, all-gather, broadcast,
-// barrier) on a process group joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the same calls —
+// all-to-all, barrier) on a process group joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the same calls —
 // with per-operation counters, and the data-parallel split.
 #pragma once
 
@@ -71,8 +71,13 @@ class Collectives {
   /// they were issued.
   PendingCollective broadcast_async(at::Tensor& tensor, int root);
   void barrier();
+  /// Rows of `input` [sum(send), ...] go to the ranks in rank order, send[r] of them to rank r; returns the rows
+  /// every rank sent this one, in rank order: [sum(recv), ...] (recv[r] from rank r). Every rank's send[r'] to a
+  /// rank r' equals that rank's recv[this rank]. Expert parallelism's token dispatch.
+  at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
-  /// Counters per operation name ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier").
+  /// Counters per operation name ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+  /// "all_to_all").
   std::map<std::string, CollectiveStats> stats() const;
   void reset_stats();
 

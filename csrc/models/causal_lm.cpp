@@ -46,7 +46,12 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
       rope_(config_, options.device) {
   WeightStore store(std::move(weights), options.dtype, options.device, options.weights_are_parts);
   const dist::TensorParallel& tp = options_.tensor_parallel;
-  BuildContext ctx{store, options.num_slots, options.max_rank, tp, options.split_experts && tp.enabled()};
+  if (options.split_experts && options.experts_over_data_parallel) {
+    expert_parallel_ = dist::ExpertParallel(dist::TensorParallel(options.experts_over_data_parallel), true);
+  } else if (options.split_experts) {
+    expert_parallel_ = dist::ExpertParallel(tp, false);
+  }
+  BuildContext ctx{store, options.num_slots, options.max_rank, tp, &expert_parallel_};
   // Vocabulary-parallel: rows [vocab_shard_.begin, + length) of the embedding and of the lm_head.
   embed_tokens_ = store.take_part("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}, 0, tp);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -137,7 +142,7 @@ bool CausalLM::partial_gradient(const std::string& name) const {
                              ".self_attn.kv_a_layernorm.weight", ".linear_attn.norm.weight"}) {
     if (ends_with(suffix)) return true;
   }
-  return options_.split_experts && ends_with(".mlp.gate.weight");
+  return options_.split_experts && !options_.experts_over_data_parallel && ends_with(".mlp.gate.weight");
 }
 
 std::vector<NamedParameter> CausalLM::named_parameters() const {

@@ -25,15 +25,18 @@ struct ModelOptions {
   dist::TensorParallel tensor_parallel;
   /// The weights given are already this rank's parts (a copy of a split model: a full fine-tune, a snapshot).
   bool weights_are_parts = false;
-  /// Expert parallelism over the tensor-parallel group: each rank holds and runs its share of every MoE layer's
-  /// experts (the rest of the MoE layer stays replicated).
+  /// Expert parallelism: each rank holds and runs its share of every MoE layer's experts (the rest of the MoE
+  /// layer stays replicated), over the tensor-parallel group ...
   bool split_experts = false;
+  /// ... or, when set, over this data-parallel group (tensor_parallel then of size 1; dist/expert_parallel.h).
+  std::shared_ptr<dist::Collectives> experts_over_data_parallel;
 };
 
 class CausalLM {
  public:
   /// Builds the model from HF-named weights. Throws InvalidArgument listing missing/unexpected keys.
   CausalLM(const ModelConfig& config, WeightMap weights, const ModelOptions& options);
+  CausalLM(CausalLM&&) = delete;  // the MoE layers point at expert_parallel_
 
   /// input_ids, positions: int64 [B, T]; rows sorted so `segments` are contiguous per adapter.
   /// Returns final-norm hidden states [B * T, hidden] in the compute dtype. `cache`: generation only.
@@ -56,6 +59,8 @@ class CausalLM {
   /// sampling only, so no gradient under tensor parallelism).
   at::Tensor logits(const at::Tensor& hidden, const lora::AdapterSegments& segments) const;
   const dist::TensorParallel& tensor_parallel() const { return options_.tensor_parallel; }
+  /// The group the MoE experts are spread over (disabled: every rank holds every expert).
+  const dist::ExpertParallel& expert_parallel() const { return expert_parallel_; }
   /// The KV heads this rank caches (its share under tensor parallelism).
   int64_t local_kv_heads() const { return config_.cache_kv_heads_per_rank(options_.tensor_parallel.size()); }
   /// Every base tensor by HF name (lm_head.weight omitted when tied): what full fine-tuning trains and saves.
@@ -82,6 +87,7 @@ class CausalLM {
  private:
   ModelConfig config_;
   ModelOptions options_;
+  dist::ExpertParallel expert_parallel_;
   dist::Shard vocab_shard_;  // the vocabulary rows this rank holds (all of them without tensor parallelism)
   at::Tensor embed_tokens_;  // [vocab shard, hidden]
   std::vector<std::unique_ptr<DecoderLayer>> layers_;

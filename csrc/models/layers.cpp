@@ -190,7 +190,7 @@ SwiGluMlp::SwiGluMlp(lora::LoraLinear gate, lora::LoraLinear up, lora::LoraLinea
 
 std::unique_ptr<SwiGluMlp> SwiGluMlp::expert(int64_t hidden, int64_t intermediate, BuildContext& ctx,
                                              const std::string& prefix, int owner) {
-  const dist::TensorParallel& tp = ctx.tensor_parallel;
+  const dist::TensorParallel& tp = ctx.experts->group();
   auto linear = [&](const char* name, int64_t out, int64_t in) {
     at::Tensor w = ctx.weights.take_owned(prefix + "." + name + ".weight", {out, in}, owner, tp);  // or [0, 0]
     return lora::LoraLinear(std::move(w), at::Tensor(), ctx.num_slots, ctx.max_rank);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/expert_parallel.h"
 #include "dist/tensor_parallel.h"
 #include "lora/lora_linear.h"
 #include "models/hf_weights.h"
@@ -40,7 +41,7 @@ struct BuildContext {
   int64_t num_slots;
   int64_t max_rank;
   const dist::TensorParallel& tensor_parallel = dist::kNoTensorParallel;
-  bool split_experts = false;  // expert parallelism: MoE experts spread over the tensor-parallel ranks
+  const dist::ExpertParallel* experts = nullptr;  // expert parallelism: the group MoE experts are spread over
 };
 
 /// x / sqrt(mean(x^2) + eps) over the last dim, in float32 (every RMSNorm variant's first half).

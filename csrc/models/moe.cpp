@@ -19,9 +19,8 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
     score_bias_ = ctx.weights.take(prefix + ".gate.e_score_correction_bias", {config.num_experts});
   }
   experts_.reserve(config.num_experts);
-  if (ctx.split_experts) split_over_ = &ctx.tensor_parallel;
-  // Expert parallelism: rank r holds the contiguous experts shard_of(E, r), ceil(E / ranks) each.
-  const int64_t per_rank = split_over_ ? split_over_->shard_of(config.num_experts, 0).length : 0;
+  if (ctx.experts != nullptr && ctx.experts->enabled()) split_over_ = ctx.experts;
+  // Expert parallelism: rank r holds the contiguous experts experts_of(E, r), ceil(E / ranks) each.
   for (int64_t e = 0; e < config.num_experts; ++e) {
     const std::string name = str_cat(prefix, ".experts.", e);
     if (split_over_ == nullptr) {
@@ -29,7 +28,7 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
                                                      name));
       continue;
     }
-    const int owner = static_cast<int>(e / per_rank);
+    const int owner = split_over_->owner_of(e, config.num_experts);
     experts_.push_back(SwiGluMlp::expert(config.hidden_size, config.moe_intermediate_size, ctx, name, owner));
   }
   if (config.shared_expert_intermediate_size > 0) {  // Qwen3.5 MoE: sigmoid(x · gate) scales the shared output
@@ -101,11 +100,22 @@ lora::AdapterSegments expert_segments(const lora::AdapterSegments& segments, con
   return lora::AdapterSegments(std::move(out));
 }
 
-at::Tensor MoeMlp::forward(const at::Tensor& x_in, const lora::AdapterSegments& segments) const {
+at::Tensor MoeMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
+  at::Tensor out = split_over_ != nullptr && split_over_->distinct_tokens() ? routed_exchanged(x, segments)
+                                                                           : routed_replicated(x, segments);
+  if (shared_) {
+    at::Tensor shared = shared_->forward(x, segments);  // [N, hidden]
+    out = out + (shared_gate_.defined() ? at::sigmoid(at::linear(x, shared_gate_)) * shared : shared);
+  }
+  return out;
+}
+
+at::Tensor MoeMlp::routed_replicated(const at::Tensor& x_in, const lora::AdapterSegments& segments) const {
   const int64_t experts = num_experts();
+  const dist::TensorParallel* group = split_over_ ? &split_over_->group() : nullptr;
   // Expert parallelism: the routed path's input gradient is each rank's experts' share, summed over the group (f);
   // the shared experts run whole on every rank, on the input as it is.
-  const at::Tensor x = split_over_ ? split_over_->copy_in(x_in) : x_in;
+  const at::Tensor x = group ? group->copy_in(x_in) : x_in;
   ExpertRouting r = route(x);
   // Segmented LoRA batches: how many of each expert's tokens fall in each adapter segment ([E, S] on the host).
   const auto& segs = segments.segments();
@@ -145,20 +155,16 @@ at::Tensor MoeMlp::forward(const at::Tensor& x_in, const lora::AdapterSegments& 
   }
   // [N, hidden]. Expert parallelism: zeros that still depend on x, so the input's gradient sum (f's backward, a
   // collective) runs on a rank whose experts got no token too, as on the others.
-  at::Tensor out = split_over_ ? at::where(at::zeros({}, x.options().dtype(at::kBool)), x, at::zeros({}, x.options()))
-                               : at::zeros_like(x);
+  at::Tensor out = group ? at::where(at::zeros({}, x.options().dtype(at::kBool)), x, at::zeros({}, x.options()))
+                        : at::zeros_like(x);
   // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
   if (!outs.empty()) {
-    at::Tensor token = split_over_ ? at::cat(tokens) : r.token;
-    at::Tensor weight = split_over_ ? at::cat(weights) : r.weight;
+    at::Tensor token = group ? at::cat(tokens) : r.token;
+    at::Tensor weight = group ? at::cat(weights) : r.weight;
     out = out.index_add(0, token, (at::cat(outs) * weight.unsqueeze(1)).to(x.scalar_type()));
   }
   // Expert parallelism: each rank summed its experts' outputs; the routed sum is theirs together.
-  if (split_over_) out = split_over_->reduce_out(out);
-  if (shared_) {
-    at::Tensor shared = shared_->forward(x_in, segments);  // [N, hidden]
-    out = out + (shared_gate_.defined() ? at::sigmoid(at::linear(x_in, shared_gate_)) * shared : shared);
-  }
+  if (group) out = group->reduce_out(out);
   return out;
 }
 

@@ -48,10 +48,16 @@ class MoeMlp : public MlpModule {
   at::Tensor gate_;  // [E, hidden] router weight
   at::Tensor score_bias_;  // [E] float32 e_score_correction_bias (sigmoid router only; steers the choice, not weights)
 
+  /// The routed experts' weighted sum [N, hidden] when every rank of the group holds the same tokens (or there is
+  /// no group): each rank runs its experts' slices, and the group sums.
+  at::Tensor routed_replicated(const at::Tensor& x, const lora::AdapterSegments& segments) const;
+  /// The same sum when the group's ranks hold different tokens (a data-parallel pass): each (token, expert) pair
+  /// goes to the expert's rank and its output comes back (moe_exchange.cpp).
+  at::Tensor routed_exchanged(const at::Tensor& x, const lora::AdapterSegments& segments) const;
   /// [N, k] weights (float32) and expert indices.
   std::pair<at::Tensor, at::Tensor> top_k(const at::Tensor& x) const;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;  // expert parallelism: the others' are empty (held() false)
-  const dist::TensorParallel* split_over_ = nullptr;  // expert parallelism: the group the experts are spread over
+  const dist::ExpertParallel* split_over_ = nullptr;  // expert parallelism: the group the experts are spread over
   std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
   std::string shared_name_ = "shared_experts";  // its HF module name (DeepSeek's; Qwen3.5 MoE: "shared_expert")
   at::Tensor shared_gate_;  // [1, hidden] Qwen3.5 MoE's shared_expert_gate (undefined: the shared output is added)

@@ -74,9 +74,11 @@ def _native_backend_config(settings: BackendSettings):
 class NativeBackend:
     """One base model with many LoRA adapters. Only the engine thread may call it (single owner)."""
 
-    def __init__(self, model_dir: Path, settings: BackendSettings | None = None, tensor_parallel: Any = None):
+    def __init__(self, model_dir: Path, settings: BackendSettings | None = None, tensor_parallel: Any = None,
+                 expert_parallel: Any = None):
         """tensor_parallel: this rank's tensor-parallel group (_C.Collectives; skyrl_tx/parallel/group.py), whose
-        ranks each keep their shard of the weights read here and make every call together."""
+        ranks each keep their shard of the weights read here and make every call together. expert_parallel: the
+        data-parallel group the MoE experts are spread over (settings.experts_over_data_parallel), or None."""
         self.model_dir = Path(model_dir)
         self.settings = settings or BackendSettings()
         self.tensor_parallel_rank = tensor_parallel.rank if tensor_parallel is not None else 0
@@ -87,6 +89,7 @@ class NativeBackend:
             _native_backend_config(self.settings),
             load_weights(self.model_dir),
             tensor_parallel,
+            expert_parallel,
         )
         if self.settings.gpu_memory_utilization > 0:  # the core sized the KV cache from the device's memory
             self.settings = dataclasses.replace(self.settings,

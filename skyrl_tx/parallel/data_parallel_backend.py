@@ -13,10 +13,10 @@ to the workers over a Gloo control group, then run:
 Every mirrored call ends with each worker's outcome gathered to rank 0: ranks that disagree (a worker out of memory)
 are a RanksDiverged error, and the engine restarts the whole group and recovers as after a crash.
 
-Tensor parallelism (tensor_parallel_size T > 1): each rank holds its shard of the weights, so everything that
-computes with them or reads them whole is collective too (sampling, logprobs, reading weights), and what changes the
-sampling state (snapshots, submitted samples) is mirrored. Every replica runs them, not only rank 0's: every rank
-then keeps the same state, and there is one code path for every layout.
+Tensor parallelism (tensor_parallel_size T > 1), or experts spread over the data-parallel ranks: each rank holds its
+part of the weights, so everything that computes with them or reads them whole is collective too (sampling, logprobs,
+reading weights), and what changes the sampling state (snapshots, submitted samples) is mirrored. Every replica runs
+them, not only rank 0's: every rank then keeps the same state, and there is one code path for every layout.
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ def _join_rank(model_dir: str, settings: dict[str, Any], layout: RankLayout, ran
     tensor_parallel, data_parallel = join_subgroups(rank, layout.tensor_parallel_groups(),
                                                     layout.data_parallel_groups(), timeout_s=COLLECTIVE_TIMEOUT_S)
     control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
-    backend = NativeBackend(Path(model_dir), BackendSettings.from_dict(settings), tensor_parallel=tensor_parallel)
+    backend_settings = BackendSettings.from_dict(settings)
+    # Experts over the data-parallel ranks: the model is built with its share of the experts only.
+    backend = NativeBackend(Path(model_dir), backend_settings, tensor_parallel=tensor_parallel,
+                            expert_parallel=data_parallel if backend_settings.experts_over_data_parallel else None)
     if data_parallel is not None:
         backend.attach_collectives(data_parallel)
     return _Channel(backend, control)
@@ -174,10 +177,12 @@ class _Channel:
 class DataParallelBackend:
     """Rank 0's backend (a NativeBackend plus the workers). Same interface as NativeBackend."""
 
-    def __init__(self, local: Any, channel: _Channel, workers: list[Any], tensor_parallel: bool = False):
+    def __init__(self, local: Any, channel: _Channel, workers: list[Any], sharded: bool = False):
+        """sharded: no rank holds the whole model (tensor parallelism, or experts spread over the data-parallel
+        ranks), so sampling and reading weights run on every rank."""
         self._local, self._channel, self._workers = local, channel, workers
-        self._collective = COLLECTIVE_CALLS + (TENSOR_PARALLEL_COLLECTIVE_CALLS if tensor_parallel else ())
-        self._mirrored_calls = MIRRORED_CALLS + (TENSOR_PARALLEL_MIRRORED_CALLS if tensor_parallel else ())
+        self._collective = COLLECTIVE_CALLS + (TENSOR_PARALLEL_COLLECTIVE_CALLS if sharded else ())
+        self._mirrored_calls = MIRRORED_CALLS + (TENSOR_PARALLEL_MIRRORED_CALLS if sharded else ())
 
     @classmethod
     def start(cls, model_dir: Path, settings: BackendSettings) -> DataParallelBackend:
@@ -190,7 +195,8 @@ class DataParallelBackend:
         log.info("parallel: %d ranks (%d data-parallel x %d tensor-parallel) over %d node process(es) at %s (rank 0 "
                  "pid %d, local workers %s)", layout.world, layout.data_parallel, layout.tensor_parallel,
                  layout.processes, layout.coordinator_address, os.getpid(), [w.pid for w in workers])
-        return cls(channel.backend, channel, workers, tensor_parallel=layout.tensor_parallel > 1)
+        return cls(channel.backend, channel, workers,
+                   sharded=layout.tensor_parallel > 1 or settings.experts_over_data_parallel)
 
     def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:

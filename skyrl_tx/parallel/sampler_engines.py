@@ -372,6 +372,9 @@ class SamplerEnginesBackend:
             settings = {**dataclasses.asdict(self._settings), "colocate_all": True, "num_inference_engines": 1,
                         "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
                         "tensor_parallel_size": self._settings.inference_engine_tensor_parallel_size,
+                        # an engine spreads the experts over its own tensor-parallel ranks, or holds them all
+                        "expert_parallel_size": (self._settings.inference_engine_tensor_parallel_size
+                                                 if self._settings.expert_parallel_size > 1 else 1),
                         "inference_engine_tensor_parallel_size": 1, "inference_engine_devices": (),
                         "device": sampler_device(self._settings, index)}
             proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings,

@@ -42,17 +42,26 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out: Any) -> Non
         big = torch.arange(2 * world, dtype=torch.float32) * (rank + 1)  # [world * 2]
         scattered = group.reduce_scatter_sum(big)  # [2]
         gathered = group.all_gather(torch.full((3,), float(rank)))  # [world * 3]
+        # Uneven counts, zeros included: row i of what rank r sends rank d is [r, d, i].
+        send = [_rows_sent(rank, d) for d in range(world)]
+        rows = [[float(rank), float(d), float(i)] for d in range(world) for i in range(send[d])]
+        exchanged = group.all_to_all(torch.tensor(rows).view(-1, 3), send, [_rows_sent(s, rank) for s in range(world)])
         group.barrier()
         stats = {name: (s.calls, s.bytes) for name, s in group.stats().items()}
         seconds = sum(s.seconds for s in group.stats().values())
         group.reset_stats()
         out.put((rank, {"sum": t.tolist(), "flat": [p.tolist() for p in parts], "bcast": b.tolist(),
-                        "scattered": scattered.tolist(), "gathered": gathered.tolist(), "stats": stats,
+                        "scattered": scattered.tolist(), "gathered": gathered.tolist(),
+                        "exchanged": exchanged.tolist(), "sent_bytes": 4 * len(rows) * 3, "stats": stats,
                         "seconds": seconds, "after_reset": group.stats(), "rank": group.rank,
                         "world": group.world_size}))
         leave_group()
     except Exception:  # noqa: BLE001
         out.put((rank, traceback.format_exc()))
+
+
+def _rows_sent(source: int, dest: int) -> int:
+    return (source + 1) * (dest + 2) % 3  # 0, 1 or 2 rows
 
 
 def _run(world: int, scenario: str = "ok", ranks: list[int] | None = None) -> dict[int, Any]:
@@ -83,10 +92,12 @@ def test_collectives_equal_their_formulas(world: int) -> None:
         summed = torch.arange(2 * world, dtype=torch.float32) * total
         assert got["scattered"] == summed[2 * rank:2 * rank + 2].tolist()
         assert got["gathered"] == [float(r) for r in range(world) for _ in range(3)]
+        assert got["exchanged"] == [[float(s), float(rank), float(i)] for s in range(world)
+                                    for i in range(_rows_sent(s, rank))]
         # Counters: what this rank handed each operation (float32: 4 bytes an element).
         assert got["stats"] == {"all_reduce": (2, 4 * (6 + 6 + 5)), "broadcast": (1, 16),
                                 "reduce_scatter": (1, 4 * 2 * world), "all_gather": (1, 4 * 3 * world),
-                                "barrier": (1, 0)}, got["stats"]
+                                "all_to_all": (1, got["sent_bytes"]), "barrier": (1, 0)}, got["stats"]
         assert got["seconds"] > 0 and got["after_reset"] == {}
 
 
