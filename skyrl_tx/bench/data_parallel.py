@@ -1,8 +1,8 @@
 """`python -m skyrl_tx.bench data-parallel`: one training step (forward_backward + optim_step) of the same global
 batch on one process and on W ranks (Gloo on CPU, NCCL on GPUs) — data-parallel, or replicas of `--tp` tensor-parallel
-ranks — for a LoRA adapter and for a full fine-tune (ZeRO-sharded; not split by tensor parallelism): per layout, rank
-0's step time, its time inside collectives, the bytes it handed the collectives per step and the optimizer state it
-holds, and the step time's ratio to one process.
+ranks, with a MoE model's experts whole or spread (`--experts`) — for a LoRA adapter and for a full fine-tune
+(ZeRO-sharded): per layout, rank 0's step time, its time inside collectives, the bytes it handed the collectives per
+step and the optimizer state it holds, and the step time's ratio to one process.
 
 Every layout runs in fresh processes (one per rank, the same threads in total), so layouts compare like for like;
 the losses of the layouts must agree (the step is the same math), which the report checks."""
@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, nargs="+", default=[1],
                    help="tensor-parallel sizes: each world runs once per size dividing it (world / tp replicas)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    p.add_argument("--experts", nargs="+", choices=("whole", "spread"), default=["whole"],
+                   help="MoE configs: experts whole on every rank, or spread (over the tensor-parallel ranks, or with "
+                        "tp 1 over the data-parallel ranks, all-to-all; LoRA only): each runs as its own layout")
     p.add_argument("--rows", type=int, help="sequences per step (default: the config's train batch x 2)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the config's)")
     p.add_argument("--threads", type=int, help="torch threads in total, split over the ranks (default: all cores)")
@@ -58,7 +61,8 @@ def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
     settings = BackendSettings.from_dict(dict(
         dtype=job["dtype"], device=device, max_lora_adapters=1, max_lora_rank=job["lora_rank"],
         max_full_models=1 if full else 0, max_sampling_sequences=1, max_sampling_length=16,
-        train_micro_batch_tokens=job["micro_batch_tokens"]))
+        train_micro_batch_tokens=job["micro_batch_tokens"], fully_sharded_data_parallel_size=world // job["tp"],
+        expert_parallel_size=(job["tp"] if job["tp"] > 1 else world) if job["experts"] == "spread" else 1))
     groups = []  # this rank's tensor- and data-parallel groups
     tensor_parallel = data_parallel = None
     if world > 1:
@@ -67,7 +71,8 @@ def _run_rank(job: dict[str, Any], rank: int) -> dict[str, Any]:
         tensor_parallel, data_parallel = join_subgroups(rank, layout.tensor_parallel_groups(),
                                                         layout.data_parallel_groups(), timeout_s=TIMEOUT_S)
         groups = [g for g in (tensor_parallel, data_parallel) if g is not None]
-    backend = NativeBackend(job["model_dir"], settings, tensor_parallel=tensor_parallel)
+    backend = NativeBackend(job["model_dir"], settings, tensor_parallel=tensor_parallel,
+                            expert_parallel=data_parallel if settings.experts_over_data_parallel else None)
     if data_parallel is not None:
         backend.attach_collectives(data_parallel)
     backend.create_model("m", lora_rank=0 if full else job["lora_rank"], seed=1)
@@ -124,23 +129,28 @@ def run_data_parallel(argv: list[str]) -> dict:
     worlds = [1] + [x for x in args.worlds if x != 1]  # one process first: the reference of every ratio
     report: dict[str, Any] = {"config": cfg.name, "device": args.device, "rows": rows, "seq_len": seq_len,
                               "threads_total": total_threads, "reps": args.reps, "layouts": []}
-    layouts = [(world, tp) for world in worlds for tp in sorted(set(args.tp)) if world % tp == 0]
+    # Experts spread only where there is a group to spread them over (and, over data-parallel ranks, LoRA only).
+    layouts = [(world, tp, experts) for world in worlds for tp in sorted(set(args.tp)) if world % tp == 0
+               for experts in args.experts if experts == "whole" or world > 1]
     for kind in args.kinds:
         baseline = None
-        for world, tp in layouts:
-            job = {"kind": kind, "world": world, "tp": tp, "device": args.device, "dtype": cfg.dtype,
-                   "model_dir": str(path), "vocab": vocab, "rows": rows, "seq_len": seq_len, "lora_rank": w.lora_rank,
+        for world, tp, experts in layouts:
+            if kind == "full" and experts == "spread" and tp == 1:
+                continue
+            job = {"kind": kind, "world": world, "tp": tp, "experts": experts, "device": args.device,
+                   "dtype": cfg.dtype, "model_dir": str(path), "vocab": vocab, "rows": rows, "seq_len": seq_len,
+                   "lora_rank": w.lora_rank,
                    "threads": max(1, total_threads // world), "warmup": args.warmup, "reps": args.reps,
                    # a CPU reaches its GEMM peak from a few hundred rows: one sequence per micro-batch bounds memory
                    "micro_batch_tokens": seq_len if args.device == "cpu" else max(8192, rows * seq_len)}
-            print(f"{kind}, {world} rank(s), tensor parallel {tp} ...", file=sys.stderr, flush=True)
+            print(f"{kind}, {world} rank(s), tensor parallel {tp}, experts {experts} ...", file=sys.stderr, flush=True)
             got = _run_layout(job)
             baseline = baseline or got
             # The same math in every layout: every rank's losses equal one process's (up to summation order).
             same = all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for losses in got["rank_losses"]
                        for a, b in zip(losses, baseline["rank_losses"][0]))
-            report["layouts"].append({"kind": kind, "world": world, "tp": tp, **{k: v for k, v in got.items()
-                                                                        if k not in ("losses", "rank_losses")},
+            report["layouts"].append({"kind": kind, "world": world, "tp": tp, "experts": experts,
+                                      **{k: v for k, v in got.items() if k not in ("losses", "rank_losses")},
                                       "step_ratio_to_one_process": got["step_s"] / baseline["step_s"],
                                       "same_losses_as_one_process": same})
     print(format_table(report), file=sys.stderr)
@@ -151,10 +161,11 @@ def run_data_parallel(argv: list[str]) -> dict:
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{report['config']} on {report['device']}: {report['rows']} x {report['seq_len']} tokens per step, "
              f"{report['threads_total']} threads in total, median of {report['reps']}",
-             f"{'kind':<6}{'ranks':>6}{'tp':>4}{'step ms':>10}{'vs 1':>7}{'coll. ms':>10}{'coll. %':>9}{'MB/step':>10}"
-             f"{'opt. MB/rank':>14}{'same':>6}"]
+             f"{'kind':<6}{'ranks':>6}{'tp':>4}{'experts':>8}{'step ms':>10}{'vs 1':>7}{'coll. ms':>10}{'coll. %':>9}"
+             f"{'MB/step':>10}{'opt. MB/rank':>14}{'same':>6}"]
     for r in report["layouts"]:
-        lines.append(f"{r['kind']:<6}{r['world']:>6}{r.get('tp', 1):>4}{1e3 * r['step_s']:>10.1f}"
+        lines.append(f"{r['kind']:<6}{r['world']:>6}{r.get('tp', 1):>4}{r.get('experts', 'whole'):>8}"
+                     f"{1e3 * r['step_s']:>10.1f}"
                      f"{r['step_ratio_to_one_process']:>7.2f}"
                      f"{1e3 * r['collective_s']:>10.1f}{100 * r['collective_s'] / r['step_s']:>9.1f}"
                      f"{r['collective_bytes'] / 1e6:>10.2f}{r['optimizer_state_bytes'] / 1e6:>14.2f}"

@@ -32,26 +32,53 @@ def test_experts_over_data_parallel_ranks_equal_one_process(tiny_model_dir, pres
 
 LORA_TENANTS = (("a", 4, 1), ("b", 8, 2))
 EXPERTS_OVER_DP = {"fully_sharded_data_parallel_size": 2, "expert_parallel_size": 2}
+PRESET = "tiny-qwen3-moe"
 
 
-def test_a_server_with_experts_over_data_parallel_ranks_equals_one_process(preset_cache) -> None:
+@pytest.fixture(scope="module")
+def one_process(preset_cache) -> dict:
+    from live_server import live_server
+    from parallel_runs import train_and_sample
+
+    with live_server(base_model=PRESET) as url:
+        return train_and_sample(url, tenants=LORA_TENANTS, base_model=PRESET)
+
+
+def _assert_one_process_results(got: dict, one_process: dict) -> None:
+    assert set(got["losses"]) == {name for name, _, _ in LORA_TENANTS}, got
+    for name, losses in got["losses"].items():
+        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
+        assert got["tokens"][name] == one_process["tokens"][name], name
+
+
+def test_a_server_with_experts_over_data_parallel_ranks_equals_one_process(one_process) -> None:
     """Through the SDK: two LoRA tenants train on ragged batches (rows split between the ranks, tokens sent to their
     experts' ranks) and sample greedily exactly as on a one-process server; a full fine-tune is refused by name."""
     import tinker
     from live_server import live_server
     from parallel_runs import train_and_sample
 
-    preset = "tiny-qwen3-moe"
-    with live_server(base_model=preset) as url:
-        one_process = train_and_sample(url, tenants=LORA_TENANTS, base_model=preset)
-    with live_server(base_model=preset, backend_config=EXPERTS_OVER_DP) as url:
+    with live_server(base_model=PRESET, backend_config=EXPERTS_OVER_DP) as url:
         assert "parallel: 2 ranks (2 data-parallel x 1 tensor-parallel)" in url.log_tail(), url.log_tail()
-        got = train_and_sample(url, tenants=LORA_TENANTS, base_model=preset)
+        got = train_and_sample(url, tenants=LORA_TENANTS, base_model=PRESET)
         with tinker.ServiceClient() as service, pytest.raises(tinker.RequestFailedError) as refused:
-            service.create_lora_training_client(base_model=preset, rank=0).result()
+            service.create_lora_training_client(base_model=PRESET, rank=0).result()
         assert refused.value.category == "user", refused.value
         assert "full fine-tuning" in str(refused.value) and "expert_parallel_size" in str(refused.value), \
             refused.value
-    for name, losses in got["losses"].items():
-        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
-        assert got["tokens"][name] == one_process["tokens"][name], name
+    _assert_one_process_results(got, one_process)
+
+
+def test_a_sampler_engine_beside_experts_over_data_parallel_ranks_samples_as_one_process(one_process) -> None:
+    """colocate_all false: the trainer's ranks each hold half the experts; every sync gathers the adapters whole
+    (a collective of both ranks) and sends them to an engine that holds every expert."""
+    from live_server import live_server
+    from parallel_runs import train_and_sample
+
+    config = {**EXPERTS_OVER_DP, "colocate_all": False, "generator.inference_engine.num_engines": 1,
+              "inference_engine_devices": ["cpu"]}
+    with live_server(base_model=PRESET, backend_config=config) as url:
+        got = train_and_sample(url, tenants=LORA_TENANTS, base_model=PRESET)
+        syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
+    assert len(syncs) == len(LORA_TENANTS), syncs
+    _assert_one_process_results(got, one_process)
