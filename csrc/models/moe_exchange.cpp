@@ -46,18 +46,12 @@ at::Tensor MoeMlp::routed_exchanged(const at::Tensor& x_in, const lora::AdapterS
   }
 
   // Each pair's adapter slot travels with it, so the expert's rank applies the right LoRA.
-  const std::vector<int64_t> token_slot = slot_of_tokens(segments, x.size(0));
-  at::Tensor pair_token = r.token.cpu();  // [P]
-  std::vector<int64_t> pair_slot(pair_token.numel());
-  for (int64_t p = 0; p < pair_token.numel(); ++p) pair_slot[p] = token_slot[pair_token.data_ptr<int64_t>()[p]];
-  at::Tensor xs = x.index_select(0, r.token);  // [P, hidden]
+  const at::Tensor pair_slot = at::tensor(slot_of_tokens(segments, x.size(0)), at::TensorOptions().dtype(at::kLong))
+                                   .to(x.device())
+                                   .index_select(0, r.token);  // [P]
+  at::Tensor xs = x.index_select(0, r.token);          // [P, hidden]
   at::Tensor received = ep.exchange(xs, send, recv);  // [R, hidden], by source rank, then expert
-  at::Tensor received_slot;
-  {
-    at::NoGradGuard no_grad;
-    received_slot = ep.group().group().all_to_all(
-        at::tensor(pair_slot, at::TensorOptions().dtype(at::kLong)).to(x.device()), send, recv).cpu();  // [R]
-  }
+  at::Tensor received_slot = ep.exchange(pair_slot, send, recv).cpu();  // [R] (integers: no gradient)
 
   // Group the received rows by (local expert, slot): each expert's rows contiguous, each adapter's within them.
   const int64_t num_received = received.size(0);
