@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from client_scripts import client_argv, exited_cleanly
 from older_sdk import older_sdk_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,10 +23,10 @@ def test_pig_latin_quickstart_trains_and_samples(server_url: str, preset_cache: 
            "STEPS": str(STEPS), "LEARNING_RATE": "5e-3", "SKYRL_TX_CACHE_DIR": str(preset_cache)}
     if sdk != "installed":
         env = older_sdk_env(env)
-    result = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart_pig_latin.py")], env=env,
+    result = subprocess.run(client_argv(str(REPO / "examples" / "quickstart_pig_latin.py")), env=env,
                             capture_output=True, text=True, timeout=240, cwd=REPO)
     output = f"stdout:\n{result.stdout}\nstderr (tail):\n{result.stderr[-4000:]}"
-    assert result.returncode == 0, output
+    assert exited_cleanly(result.returncode, result.stderr), output
 
     losses = [float(x) for x in re.findall(r"^step \d+: loss per token (\S+)$", result.stdout, re.M)]
     assert len(losses) == STEPS, output

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_scripts import client_argv, exited_cleanly
 from live_server import ServerUrl, live_server
 
 HERE = Path(__file__).resolve().parent
@@ -158,7 +159,7 @@ def run_recipe(client_env: dict[str, str], workdir: Path, server_url: ServerUrl,
         # (rl_loop, sl_loop have no behavior_if_log_dir_exists: log_dir_flag=False)
         if log_dir_flag and "behavior_if_log_dir_exists" not in keys:
             defaults.append("behavior_if_log_dir_exists=delete")
-        argv = [sys.executable, "-m", module, *defaults, *args]
+        argv = client_argv("-m", module, *defaults, *args)
         started = time.monotonic()
         try:
             proc = subprocess.run(argv, cwd=workdir, env=client_env, stdin=subprocess.DEVNULL,
@@ -170,8 +171,8 @@ def run_recipe(client_env: dict[str, str], workdir: Path, server_url: ServerUrl,
         elapsed = time.monotonic() - started
         sys.stderr.write(f"[cookbook] {module} {' '.join(args)}: {code} in {elapsed:.1f} s\n")
         result = RecipeRun(Path(log_path), output)
-        if expect_ok and code != 0:
-            pytest.fail(f"{' '.join(argv[1:])}\nexited with {code}\n---- recipe output (tail) ----\n{result.tail()}\n"
+        if expect_ok and not exited_cleanly(code, output):
+            pytest.fail(f"{' '.join(argv[3:])}\nexited with {code}\n---- recipe output (tail) ----\n{result.tail()}\n"
                         f"---- server log (tail) ----\n{server_url.log_tail()}", pytrace=False)
         return result
 
@@ -183,7 +184,7 @@ def run_example(client_env: dict[str, str], server_url: ServerUrl) -> Callable[.
     """run_example(script_name, env overrides) → stdout of examples/<script_name> (asserting exit code 0)."""
 
     def run(script: str, *args: str, timeout: float = RECIPE_TIMEOUT_S, **env: str) -> str:
-        argv = [sys.executable, str(REPO / "examples" / script), *args]
+        argv = client_argv(str(REPO / "examples" / script), *args)
         try:
             proc = subprocess.run(argv, cwd=REPO, env={**client_env, **env}, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=timeout)
@@ -194,9 +195,10 @@ def run_example(client_env: dict[str, str], server_url: ServerUrl) -> Callable[.
             pytest.fail(f"{script} did not finish in {timeout:.0f} s\n---- stdout ----\n{text(exc.stdout)}\n"
                         f"---- stderr (tail) ----\n{text(exc.stderr)[-OUTPUT_TAIL_CHARS:]}\n"
                         f"---- server log (tail) ----\n{server_url.log_tail()}", pytrace=False)
-        assert proc.returncode == 0, (f"{script} exited with {proc.returncode}\n---- stdout ----\n{proc.stdout}\n"
-                                      f"---- stderr (tail) ----\n{proc.stderr[-OUTPUT_TAIL_CHARS:]}\n"
-                                      f"---- server log (tail) ----\n{server_url.log_tail()}")
+        assert exited_cleanly(proc.returncode, proc.stderr), (
+            f"{script} exited with {proc.returncode}\n---- stdout ----\n{proc.stdout}\n"
+            f"---- stderr (tail) ----\n{proc.stderr[-OUTPUT_TAIL_CHARS:]}\n"
+            f"---- server log (tail) ----\n{server_url.log_tail()}")
         return proc.stdout
 
     return run

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tinker
+from client_scripts import client_argv, exited_cleanly
 from live_server import ServerUrl, live_server
 from sdk_training import train_step
 
@@ -37,11 +37,11 @@ def client_env(server: ServerUrl, preset_cache: Path, **extra: str) -> dict[str,
 
 
 def run_example(server: ServerUrl, preset_cache: Path, script: str, **env: str) -> str:
-    result = subprocess.run([sys.executable, str(REPO / "examples" / script)], env=client_env(server, preset_cache,
+    result = subprocess.run(client_argv(str(REPO / "examples" / script)), env=client_env(server, preset_cache,
                                                                                              **env),
                             capture_output=True, text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, (f"stdout:\n{result.stdout}\nstderr (tail):\n{result.stderr[-4000:]}\n"
-                                    f"server log:\n{server.log_tail()}")
+    assert exited_cleanly(result.returncode, result.stderr), (
+        f"stdout:\n{result.stdout}\nstderr (tail):\n{result.stderr[-4000:]}\nserver log:\n{server.log_tail()}")
     return result.stdout
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_scripts import client_argv, exited_cleanly
 from live_server import live_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,9 +21,10 @@ LAYOUTS = {"data-parallel-2": {"fully_sharded_data_parallel_size": 2}, "tensor-p
 def _example(url: str, preset_cache: Path, script: str, **env: str) -> str:
     environ = {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": "tml-test", "TINKER_TELEMETRY": "0",
                "SKYRL_TX_CACHE_DIR": str(preset_cache), **env}
-    result = subprocess.run([sys.executable, str(REPO / "examples" / script)], env=environ, capture_output=True,
+    result = subprocess.run(client_argv(str(REPO / "examples" / script)), env=environ, capture_output=True,
                             text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0, f"{script} stdout:\n{result.stdout}\nstderr:\n{result.stderr[-4000:]}"
+    assert exited_cleanly(result.returncode, result.stderr), \
+        f"{script} stdout:\n{result.stdout}\nstderr:\n{result.stderr[-4000:]}"
     return result.stdout
 
 
