@@ -82,3 +82,20 @@ def test_a_sampler_engine_beside_experts_over_data_parallel_ranks_samples_as_one
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
     assert len(syncs) == len(LORA_TENANTS), syncs
     _assert_one_process_results(got, one_process)
+
+
+def test_killing_a_rank_that_holds_half_the_experts_restarts_the_group_with_the_same_weights(one_process) -> None:
+    """kill -9 of the worker rank (half of every MoE layer's experts) after tenant b's second step: the engine's next
+    collective fails, the group restarts, each rank restores its experts' part of the newest recovery snapshot, and
+    the run ends as an undisturbed one."""
+    from live_server import live_server
+    from parallel_runs import train_and_sample
+
+    from skyrl_tx.bench.live_server import healthy
+
+    config = {**EXPERTS_OVER_DP, "recovery_snapshot_every_steps": 1}
+    with live_server(base_model=PRESET, backend_config=config) as url:
+        got = train_and_sample(url, kill_after=("b", 1), kill="worker", tenants=LORA_TENANTS, base_model=PRESET)
+        assert healthy(url)
+        assert "broke the group" in url.log_tail(400), url.log_tail()
+    _assert_one_process_results(got, one_process)
