@@ -60,7 +60,11 @@ def test_example_core_logprobs_runs(preset_cache: Path) -> None:
     ("[1, 2]", "must be a JSON object"),
     ("{not json", "not valid JSON"),
     ('{"generator.inference_engine.tensor_parallel_size": 0}', "inference_engine_tensor_parallel_size"),
-    ('{"tensor_parallel_size": 2, "expert_parallel_size": 3}', "expert_parallel_size must be 1 or tensor_parallel_size"),
+    ('{"tensor_parallel_size": 2, "expert_parallel_size": 3}', "expert_parallel_size must be 1, tensor_parallel_size"),
+    # over the data-parallel ranks: all of them (no expert groups inside data parallelism), tensor_parallel_size 1
+    ('{"fully_sharded_data_parallel_size": 4, "expert_parallel_size": 2}', "fully_sharded_data_parallel_size (4;"),
+    ('{"fully_sharded_data_parallel_size": 2, "tensor_parallel_size": 2, "expert_parallel_size": 4}',
+     "with tensor_parallel_size 1"),
     ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "on a CPU give kv_cache_tokens"),
     ('{"colocate_all": false, "trainer.placement.colocate_all": false}', "give it once"),
     ('{"inference_engine_timeout_s": 0.0}', "inference_engine_timeout_s must be > 0"),
