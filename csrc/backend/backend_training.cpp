@@ -326,10 +326,6 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
   return results;
 }
 
-}  // namespace skyrl_tx::backend
-
-namespace skyrl_tx::backend {
-
 int64_t Backend::micro_batches_short_of_busiest(size_t planned) const {
   // [1] on the model's device (an NCCL group reduces device tensors only)
   at::Tensor most = at::full({1}, static_cast<int64_t>(planned),
