@@ -1,6 +1,6 @@
 // Collectives: the c10d operations the engine's ranks run (sum all-reduce, reduce-scatter, all-gather, broadcast,
-// all-to-all, barrier) on a process group joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the same calls —
-// with per-operation counters, and the data-parallel split.
+// all-to-all, barrier) on a process group joined through c10d's TCPStore — Gloo on CPU, NCCL on CUDA, behind the
+// same calls — with per-operation counters, and the data-parallel split.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -45,10 +45,10 @@ def one_process(preset_cache) -> dict:
 
 
 def _assert_one_process_results(got: dict, one_process: dict) -> None:
+    from parallel_runs import assert_same_as_one_process_run
+
     assert set(got["losses"]) == {name for name, _, _ in LORA_TENANTS}, got
-    for name, losses in got["losses"].items():
-        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
-        assert got["tokens"][name] == one_process["tokens"][name], name
+    assert_same_as_one_process_run(got, one_process)
 
 
 def test_a_server_with_experts_over_data_parallel_ranks_equals_one_process(one_process) -> None:

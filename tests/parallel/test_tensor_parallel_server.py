@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from live_server import free_port, live_server
-from parallel_runs import TENANTS, train_and_sample, worker_node
+from parallel_runs import TENANTS, assert_same_as_one_process_run, train_and_sample, worker_node
 
 from skyrl_tx.bench.live_server import healthy
 
@@ -24,19 +24,12 @@ def one_process_run(preset_cache) -> dict[str, Any]:
         return train_and_sample(url)
 
 
-def _assert_one_process_results(got: dict[str, Any], one_process: dict[str, Any]) -> None:
-    assert got["losses"], got
-    for name, losses in got["losses"].items():  # the tenants of this run, each independent of the others
-        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
-        assert got["tokens"][name] == one_process["tokens"][name], name
-
-
 def test_tensor_parallel_server_equals_one_process(preset_cache, one_process_run) -> None:
     with live_server(backend_config=TP) as url:
         assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(), url.log_tail()
         got = train_and_sample(url, tenants=TENANTS)
     assert set(got["losses"]) == {"a", "b", "full"}
-    _assert_one_process_results(got, one_process_run)
+    assert_same_as_one_process_run(got, one_process_run)
 
 
 @pytest.mark.parametrize(("preset", "split"), [("tiny-deepseek-v3", {"expert_parallel_size": 2}),
@@ -50,7 +43,7 @@ def test_every_architecture_family_serves_split(preset_cache, preset: str, split
         assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(), url.log_tail()
         got = train_and_sample(url, tenants=TENANTS, base_model=preset)
     assert set(got["losses"]) == {"a", "b", "full"}
-    _assert_one_process_results(got, one_process)
+    assert_same_as_one_process_run(got, one_process)
 
 
 def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights(preset_cache,
@@ -62,7 +55,7 @@ def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights
         got = train_and_sample(url, kill_after=("full", 1), kill="worker", tenants=TENANTS)
         assert healthy(url)
         assert "broke the group" in url.log_tail(400), url.log_tail()
-    _assert_one_process_results(got, one_process_run)
+    assert_same_as_one_process_run(got, one_process_run)
 
 
 def test_tensor_parallel_over_two_node_processes(preset_cache, one_process_run) -> None:
@@ -78,4 +71,4 @@ def test_tensor_parallel_over_two_node_processes(preset_cache, one_process_run) 
     finally:
         node.kill()
         node.wait(30)
-    _assert_one_process_results(got, one_process_run)
+    assert_same_as_one_process_run(got, one_process_run)

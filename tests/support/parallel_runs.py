@@ -8,6 +8,7 @@ import signal
 import time
 from typing import Any
 
+import pytest
 from engine_processes import process_state, spawned_children
 
 from skyrl_tx.bench.api import _engine_pid
@@ -57,6 +58,15 @@ def train_and_sample(url: str, kill_after: tuple[str, int] | None = None, kill: 
                                     types.SamplingParams(max_tokens=12, temperature=0.0)).result()
             out["tokens"][name] = list(result.sequences[0].tokens)
     return out
+
+
+def assert_same_as_one_process_run(got: dict[str, Any], one_process: dict[str, Any]) -> None:
+    """A parallel server's train_and_sample results against a one-process server's: the losses of each tenant of
+    this run (each independent of the others) to 1e-5, and its greedy tokens exactly."""
+    assert got["losses"], got
+    for name, losses in got["losses"].items():
+        assert losses == pytest.approx(one_process["losses"][name], rel=1e-5), name
+        assert got["tokens"][name] == one_process["tokens"][name], name
 
 
 def worker_node(port: int, process_id: int, processes: int, world: int, base_model: str = "tiny-qwen3",
