@@ -314,6 +314,7 @@ class BackendConfig:
     device: str
     dtype: str
     gradient_checkpointing: bool
+    grouped_expert_gemm: str
     prefix_caching: bool
     def __init__(self) -> None:
         ...

@@ -79,6 +79,12 @@ class BackendSettings:
     # tensor_parallel_size 1, fully_sharded_data_parallel_size spreads them over the data-parallel ranks (each
     # token sent to its expert's rank and back, all-to-all; LoRA only).
     expert_parallel_size: int = 1
+    # How MoE layers run their experts (csrc/models/stacked_experts.h): "auto" as grouped GEMMs over stacked weights
+    # where libtorch has the fast kernel (CUDA bfloat16 on compute capability >= 9.0), else one matmul chain per
+    # expert with tokens; "always" grouped wherever libtorch has the op (a CPU runs ATen's reference loop, for
+    # tests; CUDA needs bfloat16 on compute capability >= 8.0);
+    # "never" per expert. A full fine-tune's trainable experts always run per expert.
+    grouped_expert_gemm: str = "auto"
     # Multi-node (skyrl_tx/parallel/layout.py): the ranks spread evenly over num_processes node processes; the
     # engine's node hosts the rendezvous at coordinator_address (HOST:PORT), the others run `skyrl-tx worker`.
     num_processes: int = 1
@@ -236,6 +242,9 @@ class BackendSettings:
                 f"; the experts spread over the tensor-parallel ranks) or, with tensor_parallel_size 1, "
                 f"fully_sharded_data_parallel_size ({self.fully_sharded_data_parallel_size}; the experts spread over "
                 f"the data-parallel ranks, tokens sent to them all-to-all) (got {self.expert_parallel_size})")
+        if self.grouped_expert_gemm not in ("auto", "always", "never"):
+            raise InvalidArgumentError(f"--backend-config: grouped_expert_gemm must be \"auto\", \"always\" or "
+                                       f"\"never\" (got {self.grouped_expert_gemm!r})")
         if self.train_micro_batch_size < 0:
             raise InvalidArgumentError(f"--backend-config: train_micro_batch_size must be >= 0 (sequences per "
                                        f"micro-batch; 0: no limit; got {self.train_micro_batch_size})")

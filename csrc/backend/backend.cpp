@@ -50,6 +50,7 @@ void BackendConfig::validate() const {
                  zero_bucket_mb, ")");
   parse_dtype(dtype);
   parse_device(device);
+  models::parse_grouped_expert_gemm(grouped_expert_gemm);
 }
 
 Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& config, models::WeightMap weights,
@@ -77,6 +78,7 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
                    "tensor_parallel_size 1, the number of data-parallel ranks");
   }
   options.split_experts = config.expert_parallel_size > 1;
+  options.grouped_expert_gemm = models::parse_grouped_expert_gemm(config.grouped_expert_gemm);
   model_ = std::make_unique<models::CausalLM>(model_config, std::move(weights), options);
   if (config_.gpu_memory_utilization > 0.0) size_kv_cache_from_memory();
 }

@@ -28,6 +28,10 @@ struct BackendConfig {
   bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
   int64_t zero_bucket_mb = 256;             // data parallel, full fine-tuning: float32 MB per ZeRO collective
   int64_t expert_parallel_size = 1;         // 1, or tensor parallel size: MoE experts spread over those ranks
+  // MoE experts as grouped GEMMs over stacked weights: "auto" (CUDA bfloat16, compute capability >= 9.0),
+  // "always" (wherever libtorch has the op: a CPU runs ATen's reference loop, CUDA needs bfloat16 on >= 8.0),
+  // "never" (one matmul chain per expert).
+  std::string grouped_expert_gemm = "auto";
 
   /// Throws InvalidArgument naming the field.
   void validate() const;

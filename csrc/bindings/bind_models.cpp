@@ -130,6 +130,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("train_micro_batch_tokens", &BackendConfig::train_micro_batch_tokens)
       .def_readwrite("train_micro_batch_size", &BackendConfig::train_micro_batch_size)
       .def_readwrite("expert_parallel_size", &BackendConfig::expert_parallel_size)
+      .def_readwrite("grouped_expert_gemm", &BackendConfig::grouped_expert_gemm)
       .def_readwrite("gradient_checkpointing", &BackendConfig::gradient_checkpointing)
       .def_readwrite("max_sampling_sequences", &BackendConfig::max_sampling_sequences)
       .def_readwrite("max_sampling_length", &BackendConfig::max_sampling_length)

@@ -40,6 +40,12 @@ at::Tensor slot_b(const at::Tensor& b, int64_t slot, int64_t rank, at::ScalarTyp
   return b.select(1, slot).narrow(1, 0, rank).to(dtype);  // [out, rank]
 }
 
+// [N, in]: the base product's input gradient grad W, or zeros when the node computed the adapters' update alone.
+at::Tensor base_input_grad(const at::Tensor& grad, const at::Tensor& weight, bool with_base) {
+  return with_base ? at::mm(grad, weight.to(grad.scalar_type()))
+                   : at::zeros({grad.size(0), weight.size(1)}, grad.options());
+}
+
 // y = x W^T + b + sum_s scaling_s (x_s A_s^T) B_s^T in one autograd node (W and b frozen). The LoRA update
 // is accumulated into y in place (no per-segment delta, concat or scale pass), and the backward adds each
 // adapter's factor gradients straight into that slot's own accumulator (no [S, ...] gradient of the whole
@@ -49,8 +55,10 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
   // NOTE: the frozen weight and bias come through `base`, not as autograd inputs (an undefined bias cannot be one).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& a,
                             const at::Tensor& b, const LoraLinear* base, const std::vector<int64_t>& segments,
-                            const std::vector<double>& scalings) {
-    at::Tensor y = at::linear(x, base->weight(), base->bias());  // [N, out]
+                            const std::vector<double>& scalings, bool with_base) {
+    // with_base false: the adapters' update alone (the base product ran elsewhere, e.g. a grouped expert GEMM).
+    at::Tensor y = with_base ? at::linear(x, base->weight(), base->bias())
+                             : at::zeros({x.size(0), base->out_features()}, x.options());  // [N, out]
     std::vector<at::Tensor> saved{x, a, b, base->weight()};
     for (size_t i = 0; i < scalings.size(); ++i) {
       const int64_t* s = &segments[i * kSegmentFields];
@@ -61,6 +69,7 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
     ctx->save_for_backward(saved);
     ctx->saved_data["segments"] = segments;
     ctx->saved_data["scalings"] = scalings;
+    ctx->saved_data["with_base"] = with_base;
     // The module outlives the graph (the model owns it); the backward writes into its per-slot gradients.
     ctx->saved_data["module"] = reinterpret_cast<int64_t>(base);
     return y;
@@ -75,7 +84,7 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
     const at::Tensor& grad = grads[0];  // [N, out]
     const auto* module = reinterpret_cast<const LoraLinear*>(ctx->saved_data["module"].toInt());
     const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
-    at::Tensor grad_x = need_x ? at::mm(grad, weight.to(grad.scalar_type())) : at::Tensor();  // [N, in]
+    at::Tensor grad_x = need_x ? base_input_grad(grad, weight, ctx->saved_data["with_base"].toBool()) : at::Tensor();
     for (size_t i = 0; i < scalings.size(); ++i) {
       const int64_t slot = segments[i * kSegmentFields], begin = segments[i * kSegmentFields + 1];
       const int64_t length = segments[i * kSegmentFields + 2], rank = segments[i * kSegmentFields + 3];
@@ -90,7 +99,7 @@ class LoraFunction : public torch::autograd::Function<LoraFunction> {
       if (need_x) grad_x.narrow(0, begin, length).addmm_(g_xa, slot_a(a, slot, rank, g.scalar_type()), 1.0, scaling);
     }
     // The factor gradients went to the module's per-slot accumulators: autograd gets none for the stacks.
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -103,16 +112,18 @@ class RowDenseLoraFunction : public torch::autograd::Function<RowDenseLoraFuncti
   // slots: the LoRA-enabled slots present in the batch, with their ranks ({slot, rank} pairs, flattened).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& a,
                             const at::Tensor& b, const LoraLinear* base, const at::Tensor& slot_columns,
-                            const std::vector<int64_t>& slots) {
+                            const std::vector<int64_t>& slots, bool with_base) {
     const int64_t columns = a.size(0) * a.size(1);
     at::Tensor a_all = a.view({columns, a.size(2)}).to(x.scalar_type());  // [S * R, in]
     at::Tensor b_all = b.view({b.size(0), columns}).to(x.scalar_type());  // [out, S * R]
     // Float32 mask (row's slot's scaling on its first rank columns, else 0): the scaling is never rounded.
     at::Tensor xa = at::mm(x, a_all.t()).mul_(slot_columns * base->column_scaling());  // [N, S * R], scaled
-    at::Tensor y = at::linear(x, base->weight(), base->bias());                        // [N, out]
+    at::Tensor y = with_base ? at::linear(x, base->weight(), base->bias())
+                             : at::zeros({x.size(0), base->out_features()}, x.options());  // [N, out]
     y.addmm_(xa, b_all.t());
     ctx->save_for_backward({x, slot_columns, xa, a_all, b_all, base->weight()});
     ctx->saved_data["slots"] = slots;
+    ctx->saved_data["with_base"] = with_base;
     ctx->saved_data["max_rank"] = a.size(1);
     ctx->saved_data["module"] = reinterpret_cast<int64_t>(base);
     return y;
@@ -128,7 +139,7 @@ class RowDenseLoraFunction : public torch::autograd::Function<RowDenseLoraFuncti
     const auto* module = reinterpret_cast<const LoraLinear*>(ctx->saved_data["module"].toInt());
     const at::Tensor& grad = grads[0];  // [N, out]
     const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
-    at::Tensor grad_x = need_x ? at::mm(grad, weight.to(grad.scalar_type())) : at::Tensor();  // [N, in]
+    at::Tensor grad_x = need_x ? base_input_grad(grad, weight, ctx->saved_data["with_base"].toBool()) : at::Tensor();
     if (need_b) {
       at::Tensor grad_b = at::mm(grad.t(), xa);  // [out, S * R]
       for (size_t i = 0; i < slots.size(); i += 2) {
@@ -145,7 +156,7 @@ class RowDenseLoraFunction : public torch::autograd::Function<RowDenseLoraFuncti
       }
       if (need_x) grad_x.addmm_(g_xa, a_all);
     }
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -165,7 +176,15 @@ bool LoraLinear::use_row_dense(const at::Tensor& x, int64_t lora_slots) {
 }
 
 at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segments) const {
-  if (segments.row_dense()) return forward_row_dense(x, segments.slot_columns());
+  return apply(x, segments, /*with_base=*/true);
+}
+
+at::Tensor LoraLinear::adapter_update(const at::Tensor& x, const AdapterSegments& segments) const {
+  return apply(x, segments, /*with_base=*/false);
+}
+
+at::Tensor LoraLinear::apply(const at::Tensor& x, const AdapterSegments& segments, bool with_base) const {
+  if (segments.row_dense()) return forward_row_dense(x, segments.slot_columns(), with_base);
   std::vector<int64_t> active;  // kSegmentFields per segment whose slot has LoRA here
   std::vector<double> scalings;
   std::vector<int64_t> lora_slots;  // {slot, rank} per distinct LoRA-enabled slot
@@ -177,20 +196,20 @@ at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segme
     for (size_t i = 0; i < lora_slots.size(); i += 2) seen = seen || lora_slots[i] == s.slot;
     if (!seen) lora_slots.insert(lora_slots.end(), {s.slot, ranks_[s.slot]});
   }
-  if (scalings.empty()) return at::linear(x, weight_, bias_);  // [N, out]
+  if (scalings.empty()) return with_base ? at::linear(x, weight_, bias_) : at::Tensor();  // [N, out]
   if (use_row_dense(x, static_cast<int64_t>(lora_slots.size()) / 2)) {
     const at::Tensor& slot_columns = segments.slot_columns_on(x.device(), a_.size(0), a_.size(1));  // [N, S * R]
-    if (!c10::GradMode::is_enabled()) return forward_row_dense(x, slot_columns);
-    return RowDenseLoraFunction::apply(x, a_, b_, this, slot_columns, lora_slots);
+    if (!c10::GradMode::is_enabled()) return forward_row_dense(x, slot_columns, with_base);
+    return RowDenseLoraFunction::apply(x, a_, b_, this, slot_columns, lora_slots, with_base);
   }
   if (c10::GradMode::is_enabled()) {
     // NOTE: LoRA slots live only on the shared frozen base (full fine-tuning copies have slot 0 only).
     SKYRL_TX_INTERNAL_ASSERT(!weight_.requires_grad() && !(bias_.defined() && bias_.requires_grad()),
                              "LoRA on a trainable base weight is not supported");
-    return LoraFunction::apply(x, a_, b_, this, active, scalings);
+    return LoraFunction::apply(x, a_, b_, this, active, scalings, with_base);
   }
   // Inference: the same update, in place on the base output.
-  at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
+  at::Tensor y = with_base ? at::linear(x, weight_, bias_) : at::zeros({x.size(0), out_features()}, x.options());
   for (size_t i = 0; i < scalings.size(); ++i) {
     const int64_t* s = &active[i * kSegmentFields];
     at::Tensor xa = at::mm(x.narrow(0, s[1], s[2]), slot_a(a_, s[0], s[3], x.scalar_type()).t());  // [n, rank]
@@ -199,14 +218,23 @@ at::Tensor LoraLinear::forward(const at::Tensor& x, const AdapterSegments& segme
   return y;
 }
 
-at::Tensor LoraLinear::forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const {
+at::Tensor LoraLinear::forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns, bool with_base) const {
   SKYRL_TX_INTERNAL_ASSERT(!c10::GradMode::is_enabled(), "the row-dense LoRA path is inference only");
   prepare_inference(x.scalar_type());
-  at::Tensor y = at::linear(x, weight_, bias_);  // [N, out]
+  at::Tensor y = with_base ? at::linear(x, weight_, bias_)
+                           : at::zeros({x.size(0), out_features()}, x.options());  // [N, out]
   // Every slot's A at once: xa[n, s * R + r] = A_s[r] . x_n; then keep only row n's own slot's columns (the
   // 0/1 mask is exact in any dtype; the scaling is already in b_scaled).
   at::Tensor xa = at::mm(x, inference_.a.t()).mul_(slot_columns);  // [N, S * R]
   return y.addmm_(xa, inference_.b_scaled.t());                    // [N, out]
+}
+
+void LoraLinear::move_weight_into(at::Tensor storage) {
+  SKYRL_TX_INTERNAL_ASSERT(storage.sizes() == weight_.sizes() && storage.scalar_type() == weight_.scalar_type(),
+                           "a base weight moves only into storage of its own shape and dtype");
+  c10::NoGradGuard no_grad;
+  storage.copy_(weight_);
+  weight_ = std::move(storage);
 }
 
 void LoraLinear::prepare_inference(at::ScalarType dtype) const {

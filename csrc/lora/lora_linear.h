@@ -33,6 +33,10 @@ class LoraLinear {
   /// x: [N, in] → [N, out]. Segments with slot 0, or a slot not enabled here, get the base output only.
   /// Row-dense segments (inference): each row's slot comes from a device tensor, no host-side segment loop.
   at::Tensor forward(const at::Tensor& x, const AdapterSegments& segments) const;
+  /// The adapters' part of forward alone, scaling[slot] * B[slot] (A[slot] x) ([N, out]; rows of slot 0 or a
+  /// disabled slot get 0), with the same gradients into the factors and x; undefined when no row has an adapter.
+  /// What a caller adds to a base product it computed itself (models/stacked_experts.h: a grouped expert GEMM).
+  at::Tensor adapter_update(const at::Tensor& x, const AdapterSegments& segments) const;
 
   /// Enables LoRA for `slot` with `rank` and `scaling`; A ~ kaiming-uniform(a=sqrt(5)) from `generator`
   /// (PEFT's default init), B = 0 so the fresh adapter equals the base model.
@@ -69,6 +73,9 @@ class LoraLinear {
   void set_factors(int64_t slot, const at::Tensor& a, const at::Tensor& b);
 
   const at::Tensor& weight() const { return weight_; }
+  /// Points the base weight at `storage` (same shape and dtype; e.g. one expert's slice of a stack) after copying
+  /// the current values into it; every later read and in-place load of weight() goes to `storage`.
+  void move_weight_into(at::Tensor storage);
   const at::Tensor& bias() const { return bias_; }
   /// The slot's whole factor storage at max_rank (A [max_rank, in], B [out, max_rank]); views.
   at::Tensor slot_storage_a(int64_t slot) const { return a_.select(0, slot); }
@@ -106,8 +113,10 @@ class LoraLinear {
   mutable std::vector<at::Tensor> grad_a_;  // [S] of [max_rank, in] or undefined
   mutable std::vector<at::Tensor> grad_b_;  // [S] of [out, max_rank] or undefined
 
+  /// forward (with_base) or adapter_update (without).
+  at::Tensor apply(const at::Tensor& x, const AdapterSegments& segments, bool with_base) const;
   /// x [N, in], slot_columns [N, S * max_rank] (1 on the row's slot's columns) → [N, out].
-  at::Tensor forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns) const;
+  at::Tensor forward_row_dense(const at::Tensor& x, const at::Tensor& slot_columns, bool with_base) const;
   void set_slot_scaling(int64_t slot, int64_t rank, double scaling);
   static bool use_row_dense(const at::Tensor& x, int64_t lora_slots);
 };

@@ -51,7 +51,7 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
   } else if (options.split_experts) {
     expert_parallel_ = dist::ExpertParallel(tp, false);
   }
-  BuildContext ctx{store, options.num_slots, options.max_rank, tp, &expert_parallel_};
+  BuildContext ctx{store, options.num_slots, options.max_rank, tp, &expert_parallel_, options.grouped_expert_gemm};
   // Vocabulary-parallel: rows [vocab_shard_.begin, + length) of the embedding and of the lm_head.
   embed_tokens_ = store.take_part("model.embed_tokens.weight", {config.vocab_size, config.hidden_size}, 0, tp);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {

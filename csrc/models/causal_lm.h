@@ -30,6 +30,8 @@ struct ModelOptions {
   bool split_experts = false;
   /// ... or, when set, over this data-parallel group (tensor_parallel then of size 1; dist/expert_parallel.h).
   std::shared_ptr<dist::Collectives> experts_over_data_parallel;
+  /// How MoE layers run their experts: grouped GEMMs over stacked weights, or one matmul chain per expert.
+  GroupedExpertGemm grouped_expert_gemm = GroupedExpertGemm::kAuto;
 };
 
 class CausalLM {

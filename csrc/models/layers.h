@@ -12,6 +12,7 @@
 #include "lora/lora_linear.h"
 #include "models/hf_weights.h"
 #include "models/model_config.h"
+#include "models/stacked_experts.h"
 
 namespace skyrl_tx::models {
 
@@ -42,6 +43,7 @@ struct BuildContext {
   int64_t max_rank;
   const dist::TensorParallel& tensor_parallel = dist::kNoTensorParallel;
   const dist::ExpertParallel* experts = nullptr;  // expert parallelism: the group MoE experts are spread over
+  GroupedExpertGemm grouped_expert_gemm = GroupedExpertGemm::kAuto;  // how MoE layers run their experts
 };
 
 /// x / sqrt(mean(x^2) + eps) over the last dim, in float32 (every RMSNorm variant's first half).
@@ -145,6 +147,13 @@ class SwiGluMlp : public MlpModule {
                                            const std::string& prefix, int owner);
   /// False: an expert another rank holds.
   bool held() const { return owner_ < 0 || owner_ == held_by_; }
+  /// The projections (an MoE layer's StackedExperts moves the experts' base weights into its stacks).
+  const lora::LoraLinear& gate_proj() const { return gate_proj_; }
+  const lora::LoraLinear& up_proj() const { return up_proj_; }
+  const lora::LoraLinear& down_proj() const { return down_proj_; }
+  lora::LoraLinear& gate_proj() { return gate_proj_; }
+  lora::LoraLinear& up_proj() { return up_proj_; }
+  lora::LoraLinear& down_proj() { return down_proj_; }
   /// x: [N, hidden] → [N, hidden]; down(silu(gate(x)) * up(x)) (Shazeer 2020).
   at::Tensor forward(const at::Tensor& x, const lora::AdapterSegments& segments) const override;
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;

@@ -31,6 +31,13 @@ MoeMlp::MoeMlp(const ModelConfig& config, BuildContext& ctx, const std::string& 
     const int owner = split_over_->owner_of(e, config.num_experts);
     experts_.push_back(SwiGluMlp::expert(config.hidden_size, config.moe_intermediate_size, ctx, name, owner));
   }
+  std::vector<SwiGluMlp*> held;  // contiguous: all experts, or this rank's share
+  for (int64_t e = 0; e < config.num_experts; ++e) {
+    if (!experts_[e]->held()) continue;
+    if (held.empty()) first_held_ = e;
+    held.push_back(experts_[e].get());
+  }
+  if (!held.empty()) stacked_ = std::make_unique<StackedExperts>(std::move(held), ctx.grouped_expert_gemm);
   if (config.shared_expert_intermediate_size > 0) {  // Qwen3.5 MoE: sigmoid(x · gate) scales the shared output
     shared_name_ = "shared_expert";
     shared_ = std::make_unique<SwiGluMlp>(config.hidden_size, config.shared_expert_intermediate_size, false, ctx,
@@ -135,37 +142,53 @@ at::Tensor MoeMlp::routed_replicated(const at::Tensor& x_in, const lora::Adapter
     at::Tensor count = at::bincount(expert_of_pair * num_segs + seg_of_token, {}, experts * num_segs).cpu();
     seg_counts.assign(count.data_ptr<int64_t>(), count.data_ptr<int64_t>() + experts * num_segs);
   }
-  at::Tensor xs = x.index_select(0, r.token);  // [N * k, hidden], grouped by expert
-  std::vector<at::Tensor> outs, tokens, weights;
-  int64_t offset = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = r.count[e];
-    if (n == 0) continue;
-    if (!experts_[e]->held()) {  // expert parallelism: another rank runs it
-      offset += n;
-      continue;
+  // The held experts are contiguous, so their pairs are one slice [begin, begin + n) of the expert-sorted pairs.
+  const int64_t held = stacked_ ? experts_held() : 0;
+  int64_t begin = 0, n = 0;
+  for (int64_t e = 0; e < first_held_; ++e) begin += r.count[e];
+  std::vector<int64_t> counts(r.count.begin() + first_held_, r.count.begin() + first_held_ + held);
+  std::vector<lora::AdapterSegments> expert_segs;
+  for (int64_t j = 0; j < held; ++j) {
+    const int64_t e = first_held_ + j;
+    if (r.count[e] > 0) {
+      expert_segs.push_back(expert_segments(segments, r.token.narrow(0, begin + n, r.count[e]),
+                                            per_segment ? &seg_counts[e * segs.size()] : nullptr));
     }
-    at::Tensor token = r.token.narrow(0, offset, n);
-    lora::AdapterSegments expert_segs =
-        expert_segments(segments, token, per_segment ? &seg_counts[e * segs.size()] : nullptr);
-    outs.push_back(experts_[e]->forward(xs.narrow(0, offset, n), expert_segs));  // [n, hidden]
-    tokens.push_back(token);
-    weights.push_back(r.weight.narrow(0, offset, n));
-    offset += n;
+    n += r.count[e];
   }
   // [N, hidden]. Expert parallelism: zeros that still depend on x, so the input's gradient sum (f's backward, a
   // collective) runs on a rank whose experts got no token too, as on the others.
   at::Tensor out = group ? at::where(at::zeros({}, x.options().dtype(at::kBool)), x, at::zeros({}, x.options()))
                         : at::zeros_like(x);
-  // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
-  if (!outs.empty()) {
-    at::Tensor token = group ? at::cat(tokens) : r.token;
-    at::Tensor weight = group ? at::cat(weights) : r.weight;
-    out = out.index_add(0, token, (at::cat(outs) * weight.unsqueeze(1)).to(x.scalar_type()));
+  if (n > 0) {
+    at::Tensor token = r.token.narrow(0, begin, n);                                         // [n]
+    at::Tensor done = run_experts(x.index_select(0, token), first_held_, counts, expert_segs);  // [n, hidden]
+    // The sigmoid router's weights are float32 (as in transformers): the product is cast back before the scatter.
+    out = out.index_add(0, token, (done * r.weight.narrow(0, begin, n).unsqueeze(1)).to(x.scalar_type()));
   }
   // Expert parallelism: each rank summed its experts' outputs; the routed sum is theirs together.
   if (group) out = group->reduce_out(out);
   return out;
+}
+
+at::Tensor MoeMlp::run_experts(const at::Tensor& rows, int64_t first, const std::vector<int64_t>& counts,
+                               const std::vector<lora::AdapterSegments>& segments) const {
+  if (stacked_->usable(rows)) return stacked_->forward(rows, counts, segments);
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  size_t with_rows = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    if (counts[j] == 0) continue;
+    outs.push_back(experts_[first + j]->forward(rows.narrow(0, offset, counts[j]), segments[with_rows++]));
+    offset += counts[j];
+  }
+  return at::cat(outs);  // [n, hidden]
+}
+
+int64_t MoeMlp::experts_held() const {
+  int64_t held = 0;
+  for (const auto& expert : experts_) held += expert->held() ? 1 : 0;
+  return held;
 }
 
 void MoeMlp::collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) {

@@ -19,9 +19,10 @@ struct ExpertRouting {
 };
 
 /// Routes each token to top-k experts and sums their outputs weighted by the router's probabilities. No token is
-/// ever dropped (no capacity factor). Experts run one matmul chain per non-empty expert over a contiguous slice of
-/// the expert-sorted tokens, and the weighted results are scattered back with one index_add (Fedus et al. 2021
-/// without capacity; transformers' Qwen3MoeSparseMoeBlock computes the same sum).
+/// ever dropped (no capacity factor). Experts run over contiguous slices of the expert-sorted tokens, as grouped
+/// GEMMs (StackedExperts) or one matmul chain per non-empty expert, and the weighted results are scattered back
+/// with one index_add (Fedus et al. 2021 without capacity; transformers' Qwen3MoeSparseMoeBlock computes the same
+/// sum).
 class MoeMlp : public MlpModule {
  public:
   /// HF names: "<prefix>.gate.weight" [E, hidden], "<prefix>.experts.<e>.{gate,up,down}_proj.weight",
@@ -38,6 +39,8 @@ class MoeMlp : public MlpModule {
   void collect_lora(const std::string& prefix, std::vector<NamedLoraModule>& out) override;
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const override;
   int64_t num_experts() const { return static_cast<int64_t>(experts_.size()); }
+  /// The experts this rank holds (all of them without expert parallelism).
+  int64_t experts_held() const;
 
  private:
   int64_t top_k_;
@@ -54,9 +57,16 @@ class MoeMlp : public MlpModule {
   /// The same sum when the group's ranks hold different tokens (a data-parallel pass): each (token, expert) pair
   /// goes to the expert's rank and its output comes back (moe_exchange.cpp).
   at::Tensor routed_exchanged(const at::Tensor& x, const lora::AdapterSegments& segments) const;
+  /// Runs the held experts `first`, `first + 1`, ... over `rows` [n, hidden] grouped by expert (counts[j] rows of
+  /// expert first + j; segments: those of each expert with rows, in order) → [n, hidden]: as grouped GEMMs when
+  /// the stacks can (StackedExperts::usable), else one matmul chain per expert with rows.
+  at::Tensor run_experts(const at::Tensor& rows, int64_t first, const std::vector<int64_t>& counts,
+                         const std::vector<lora::AdapterSegments>& segments) const;
   /// [N, k] weights (float32) and expert indices.
   std::pair<at::Tensor, at::Tensor> top_k(const at::Tensor& x) const;
   std::vector<std::unique_ptr<SwiGluMlp>> experts_;  // expert parallelism: the others' are empty (held() false)
+  std::unique_ptr<StackedExperts> stacked_;  // the held experts' base weights (each expert's are views of it)
+  int64_t first_held_ = 0;                   // the first held expert (its stack index is 0)
   const dist::ExpertParallel* split_over_ = nullptr;  // expert parallelism: the group the experts are spread over
   std::unique_ptr<SwiGluMlp> shared_;  // null without shared experts
   std::string shared_name_ = "shared_experts";  // its HF module name (DeepSeek's; Qwen3.5 MoE: "shared_expert")

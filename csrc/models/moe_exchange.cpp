@@ -69,25 +69,24 @@ at::Tensor MoeMlp::routed_exchanged(const at::Tensor& x_in, const lora::AdapterS
   at::Tensor order_t = at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(x.device());  // [R]
   at::Tensor grouped = received.index_select(0, order_t);  // [R, hidden]
 
-  std::vector<at::Tensor> outs;
+  std::vector<int64_t> counts(mine.length, 0);  // received rows per held expert
+  std::vector<lora::AdapterSegments> expert_segs;
   int64_t begin = 0;
   for (int64_t j = 0; j < mine.length; ++j) {
-    int64_t n = 0;
-    for (int64_t s = 0; s < ranks; ++s) n += from[s * per_rank + j];
-    if (n == 0) continue;
+    for (int64_t s = 0; s < ranks; ++s) counts[j] += from[s * per_rank + j];
+    if (counts[j] == 0) continue;
     std::vector<lora::Segment> runs;  // runs of one slot within this expert's rows
-    for (int64_t i = begin; i < begin + n; ++i) {
+    for (int64_t i = begin; i < begin + counts[j]; ++i) {
       const int64_t row_slot = slot[order[i]];
       if (runs.empty() || runs.back().slot != row_slot) runs.push_back({row_slot, i - begin, 0});
       runs.back().length += 1;
     }
-    const SwiGluMlp& expert = *experts_[mine.begin + j];
-    outs.push_back(expert.forward(grouped.narrow(0, begin, n), lora::AdapterSegments(std::move(runs))));  // [n, h]
-    begin += n;
+    expert_segs.emplace_back(std::move(runs));
+    begin += counts[j];
   }
   // Back in the received order ([R, hidden]); still a function of `received` when this rank ran nothing, so its
   // return exchange is in the graph as on the others.
-  at::Tensor done = outs.empty() ? received * 0 : at::cat(outs);
+  at::Tensor done = begin == 0 ? received * 0 : run_experts(grouped, mine.begin, counts, expert_segs);
   at::Tensor results = at::empty_like(done).index_copy(0, order_t, done);
   at::Tensor returned = ep.exchange(results, recv, send);  // [P, hidden], in xs' order
   // The router's weights (float32 for the sigmoid router, as in transformers) scale each pair before the scatter.

@@ -68,6 +68,7 @@ def test_example_core_logprobs_runs(preset_cache: Path) -> None:
     ('{"generator.inference_engine.gpu_memory_utilization": 0.8}', "on a CPU give kv_cache_tokens"),
     ('{"colocate_all": false, "trainer.placement.colocate_all": false}', "give it once"),
     ('{"inference_engine_timeout_s": 0.0}', "inference_engine_timeout_s must be > 0"),
+    ('{"grouped_expert_gemm": "yes"}', 'grouped_expert_gemm must be "auto", "always" or "never"'),
 ])
 def test_backend_settings_reject_bad_values(text: str, fragment: str) -> None:
     with pytest.raises(InvalidArgumentError, match=fragment.replace("(", r"\(")):

@@ -152,6 +152,50 @@ TEST_F(LoraLinearTest, RowDenseBatchTrainingEqualsSegments) {
   }
 }
 
+// adapter_update is forward minus the base product, with the same gradients into x and the factors (grouped expert
+// GEMMs add it to their own base product): per-segment and row-dense, training and inference.
+TEST_F(LoraLinearTest, AdapterUpdateIsForwardWithoutTheBase) {
+  const std::vector<int64_t> slot_of_row = {1, 1, 2, 0, 3, 3, 3, 2, 1};
+  for (RowDenseBatches policy : {RowDenseBatches::kNever, RowDenseBatches::kAlways}) {
+    LoraLinear::set_row_dense_batches(policy);
+    LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
+    at::Generator gen = make_gen(5);
+    {
+      c10::NoGradGuard no_grad;
+      for (int64_t slot = 1; slot < kSlots; ++slot) {
+        lin.enable_slot(slot, slot, 0.5 * static_cast<double>(slot), gen);
+        lin.set_factors(slot, randn({slot, kIn}, gen), randn({kOut, slot}, gen));
+      }
+    }
+    const AdapterSegments segments = AdapterSegments::from_rows(slot_of_row, 1);
+    at::Tensor weights = at::linspace(-1, 1, x_.size(0) * kOut).view({x_.size(0), kOut});  // [N, out]
+    struct Pass {
+      at::Tensor y, grad_x, grad_a, grad_b;
+    };
+    auto pass = [&](bool update_only) {
+      at::Tensor x = x_.clone().requires_grad_(true);
+      at::Tensor y = update_only ? lin.adapter_update(x, segments) + at::linear(x, weight_, bias_)
+                                 : lin.forward(x, segments);
+      (y * weights).sum().backward();
+      Pass p{y.detach(), x.grad(), lin.lora_a_grad(3).clone(), lin.lora_b_grad(3).clone()};
+      lin.zero_slot_grad(3);
+      return p;
+    };
+    const Pass full = pass(false), update = pass(true);
+    EXPECT_TENSOR_CLOSE(update.y, full.y, 1e-5, 1e-5);
+    EXPECT_TENSOR_CLOSE(update.grad_x, full.grad_x, 1e-5, 1e-5);
+    EXPECT_TENSOR_CLOSE(update.grad_a, full.grad_a, 1e-5, 1e-5);
+    EXPECT_TENSOR_CLOSE(update.grad_b, full.grad_b, 1e-5, 1e-5);
+    EXPECT_GT(full.grad_a.abs().max().item<float>(), 0.0f);
+    c10::NoGradGuard no_grad;
+    EXPECT_TENSOR_CLOSE(lin.adapter_update(x_, segments) + at::linear(x_, weight_, bias_),
+                        lin.forward(x_, segments), 1e-5, 1e-5);
+    // No row with an adapter: nothing to add.
+    EXPECT_FALSE(lin.adapter_update(x_, AdapterSegments::uniform(0, x_.size(0))).defined());
+  }
+  LoraLinear::set_row_dense_batches(RowDenseBatches::kOnGpu);
+}
+
 TEST_F(LoraLinearTest, ForwardAppliesEachSegmentsAdapter) {
   LoraLinear lin(weight_, bias_, kSlots, kMaxRank);
   lin.enable_slot(1, kMaxRank, 0.5, make_gen(1));

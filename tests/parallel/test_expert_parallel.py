@@ -13,9 +13,11 @@ from split_parity import assert_same_as_one_process, run_split_ranks
 
 
 @pytest.mark.parametrize(("preset", "experts"), [("tiny-qwen3-moe", "dp"), ("tiny-qwen3-moe", "dp-checkpointed"),
-                                                 ("tiny-deepseek-v3", "dp"), ("tiny-qwen3.5-moe", "dp")])
+                                                 ("tiny-deepseek-v3", "dp"), ("tiny-deepseek-v3", "dp-grouped"),
+                                                 ("tiny-qwen3.5-moe", "dp")])
 def test_experts_over_data_parallel_ranks_equal_one_process(tiny_model_dir, preset: str, experts: str) -> None:
-    """-checkpointed: activation checkpointing, so every layer's forward (and its exchanges) runs again in backward."""
+    """-checkpointed: activation checkpointing, so every layer's forward (and its exchanges) runs again in backward;
+    -grouped: each rank's experts run as grouped GEMMs (the one process runs them one by one)."""
     model_dir = str(tiny_model_dir(preset))
     single = run_split_ranks(model_dir, 1, 1)[0]
     assert isinstance(single, dict), single

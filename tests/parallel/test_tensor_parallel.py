@@ -36,20 +36,21 @@ def _odd_vocabulary_copy(source, dest):
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe", "tiny-qwen3-moe-ep2",
-                                    "tiny-deepseek-v3-ep2", "tiny-qwen3.5", "tiny-qwen3.5-moe-ep2",
-                                    "odd-vocabulary"])
+                                    "tiny-qwen3-moe-ep2-grouped", "tiny-deepseek-v3-ep2", "tiny-qwen3.5",
+                                    "tiny-qwen3.5-moe-ep2", "odd-vocabulary"])
 def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: str) -> None:
-    """tiny-qwen3-moe: experts whole on every rank; -ep2: expert_parallel_size 2, 4 of the 8 experts on each rank.
+    """tiny-qwen3-moe: experts whole on every rank; -ep2: expert_parallel_size 2, 4 of the 8 experts on each rank
+    (-grouped: run as grouped GEMMs; the one process runs them one by one).
     tiny-deepseek-v3: MLA split by heads (its latent whole on every rank, and cached whole), with experts split.
     tiny-qwen3.5: Gated DeltaNet split by heads (q, k and v each), its conv and recurrent states too."""
     if preset == "odd-vocabulary":
         model_dir = str(_odd_vocabulary_copy(tiny_model_dir("tiny-qwen3"), tmp_path / "tiny-qwen3-odd-vocabulary"))
     else:
-        model_dir = str(tiny_model_dir(preset.removesuffix("-ep2")))
+        model_dir = str(tiny_model_dir(preset.removesuffix("-grouped").removesuffix("-ep2")))
     single = run_split_ranks(model_dir, 1, 1)[0]
     assert isinstance(single, dict), single
     ranks = run_split_ranks(model_dir, 2, 2, checkpoint=single["initial"]["b"],
-                            experts="tp" if preset.endswith("-ep2") else "")
+                            experts="tp" + preset.partition("-ep2")[2] if "-ep2" in preset else "")
     for rank, got in ranks.items():
         assert isinstance(got, dict), f"rank {rank}:\n{got}"
         assert_same_as_one_process(got, single, f"{preset} tp2 rank {rank}")

@@ -27,18 +27,20 @@ def numpy_dict(tensors: dict) -> dict:
 
 def split_backend(model_dir: str, rank: int, world: int, tp: int, port: int, experts: str = "") -> Any:
     """experts: "" whole on every rank, "tp" spread over the tensor-parallel ranks, "dp" over the data-parallel ones;
-    a "-checkpointed" suffix turns activation checkpointing on (each layer's exchanges rerun in backward)."""
+    a "-checkpointed" suffix turns activation checkpointing on (each layer's exchanges rerun in backward), a
+    "-grouped" suffix runs the experts as grouped GEMMs (grouped_expert_gemm "always")."""
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.config import BackendSettings
     from skyrl_tx.parallel.group import RankAddress, join_group, join_subgroups
     from skyrl_tx.parallel.layout import RankLayout
 
-    layout = experts.removesuffix("-checkpointed")
+    layout = experts.removesuffix("-checkpointed").removesuffix("-grouped")
     settings = BackendSettings(max_lora_adapters=2, max_lora_rank=4, train_micro_batch_tokens=24,
                                max_sampling_sequences=4, max_sampling_length=64, max_full_models=1,
                                fully_sharded_data_parallel_size=world // tp,
                                expert_parallel_size={"tp": tp, "dp": world // tp}.get(layout, 1),
-                               gradient_checkpointing=experts.endswith("-checkpointed"))
+                               gradient_checkpointing=experts.endswith("-checkpointed"),
+                               grouped_expert_gemm="always" if experts.endswith("-grouped") else "auto")
     if world == 1:
         return NativeBackend(model_dir, settings)
     layout = RankLayout(world, 1, f"127.0.0.1:{port}", tp)
