@@ -10,6 +10,8 @@
 #include "models/moe.h"
 #include "models/rope.h"
 #include "ops/fused_rmsnorm.h"
+#include "ops/rmsnorm_cpu.h"
+#include "ops/swiglu.h"
 
 namespace skyrl_tx::models {
 
@@ -52,6 +54,7 @@ at::Tensor RmsNorm::forward(const at::Tensor& x) const {
     return (rms_normalized_f32(x, eps_) * (1.0 + weight_.to(at::kFloat))).to(x.scalar_type());
   }
   if (ops::can_use_fused_rmsnorm(x)) return ops::fused_rmsnorm(x, weight_, eps_);
+  if (ops::rmsnorm_cpu_applies(x, weight_)) return ops::rmsnorm_cpu(x, weight_, eps_);
   return weight_ * rms_normalized_f32(x, eps_).to(x.scalar_type());
 }
 
@@ -204,11 +207,11 @@ std::unique_ptr<SwiGluMlp> SwiGluMlp::expert(int64_t hidden, int64_t intermediat
 at::Tensor SwiGluMlp::forward(const at::Tensor& x, const lora::AdapterSegments& segments) const {
   SKYRL_TX_INTERNAL_ASSERT(held(), "an expert another rank holds was run");
   if (tp_ == nullptr) {
-    at::Tensor gated = at::silu(gate_proj_.forward(x, segments)) * up_proj_.forward(x, segments);  // [N, inter]
+    at::Tensor gated = ops::swiglu(gate_proj_.forward(x, segments), up_proj_.forward(x, segments));  // [N, inter]
     return down_proj_.forward(gated, segments);
   }
   at::Tensor in = tp_->copy_in(x);
-  at::Tensor gated = at::silu(gate_proj_.forward(in, segments)) * up_proj_.forward(in, segments);  // [N, inter/tp]
+  at::Tensor gated = ops::swiglu(gate_proj_.forward(in, segments), up_proj_.forward(in, segments));  // [N, inter/tp]
   at::Tensor out = tp_->reduce_out(down_proj_.forward(gated, segments));  // [N, hidden]
   return down_bias_.defined() ? out + down_bias_ : out;
 }

@@ -7,6 +7,7 @@
 
 #include "common/errors.h"
 #include "models/layers.h"
+#include "ops/swiglu.h"
 
 namespace skyrl_tx::models {
 
@@ -106,7 +107,7 @@ at::Tensor StackedExperts::forward(const at::Tensor& rows, const std::vector<int
       update.defined()) {
     up = up + update;
   }
-  at::Tensor gated = at::silu(gate) * up;                                   // [n, inter], contiguous
+  at::Tensor gated = ops::swiglu(gate, up);                                 // [n, inter], contiguous
   at::Tensor out = at::_grouped_mm(gated, down_.transpose(1, 2), offs);     // [n, hidden]
   if (at::Tensor update = adapter_updates(experts_, &SwiGluMlp::down_proj, gated, counts, segments, hidden_);
       update.defined()) {

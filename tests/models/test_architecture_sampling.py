@@ -21,16 +21,20 @@ MAX_NEW = 16
 RANK, ALPHA = 4, 8.0
 
 
-@pytest.fixture(scope="module", params=PRESETS)
-def env(request: pytest.FixtureRequest, tiny_model_dir) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
+def backend_with_random_adapter(path: Path, **settings) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
+    """A backend of `path` (BackendSettings keys `settings` on top) holding "lora", a random nonzero adapter."""
     torch.set_num_threads(1)
-    path = tiny_model_dir(request.param)
-    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8))
+    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8, **settings))
     backend.create_model("lora", lora_rank=RANK, alpha=ALPHA)
     gen = torch.Generator().manual_seed(7)
     state = {k: torch.randn(v.shape, generator=gen) * 0.2 for k, v in backend.trainable_state("lora").items()}
     backend.set_adapter_weights("lora", state)
     return path, backend, state
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def env(request: pytest.FixtureRequest, tiny_model_dir) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
+    return backend_with_random_adapter(tiny_model_dir(request.param))
 
 
 def test_greedy_base_and_adapter_in_one_batch_match_transformers(env) -> None:

@@ -36,7 +36,6 @@ test_sampled_logprobs_equal_a_forward_pass = sampling.test_sampled_logprobs_equa
 
 PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen3.5-moe"]
 MOE_LAYERS = {"tiny-qwen3-moe": 2, "tiny-deepseek-v3": 2, "tiny-qwen3.5-moe": 4}
-RANK, ALPHA = 4, 8.0  # test_architecture_sampling's adapter
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -57,13 +56,7 @@ def backend(path: Path) -> NativeBackend:
 @pytest.fixture(scope="module")
 def env(path: Path) -> tuple[Path, NativeBackend, dict[str, torch.Tensor]]:
     """test_architecture_sampling's environment (a random nonzero adapter "lora"), grouped."""
-    torch.set_num_threads(1)
-    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8, grouped_expert_gemm="always"))
-    backend.create_model("lora", lora_rank=RANK, alpha=ALPHA)
-    gen = torch.Generator().manual_seed(7)
-    state = {k: torch.randn(v.shape, generator=gen) * 0.2 for k, v in backend.trainable_state("lora").items()}
-    backend.set_adapter_weights("lora", state)
-    return path, backend, state
+    return sampling.backend_with_random_adapter(path, grouped_expert_gemm="always")
 
 
 def grouped_gemm_calls(run) -> int:

@@ -1,0 +1,86 @@
+// Tests the fused CPU kernels (ops/swiglu, ops/rmsnorm_cpu) against their ATen twins: outputs and every gradient.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "ops/rmsnorm_cpu.h"
+#include "ops/swiglu.h"
+#include "testing/tensor_asserts.h"
+#include "testing/tiny_model.h"
+
+namespace skyrl_tx::ops {
+namespace {
+
+using skyrl_tx::testing::make_gen;
+using skyrl_tx::testing::randn;
+
+// Shapes with a ragged vector tail (width 37) and several parallel tasks (2 x 300 x 96 elements).
+const std::vector<std::vector<int64_t>> kShapes = {{5, 37}, {2, 300, 96}, {1, 3, 4, 64}};
+
+TEST(CpuKernels, SwigluEqualsAtenForwardAndBackward) {
+  for (const auto& shape : kShapes) {
+    at::Generator gen = make_gen(11);
+    at::Tensor g0 = randn(shape, gen) * 3, u0 = randn(shape, gen), weights = randn(shape, gen);
+    at::Tensor g = g0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+    at::Tensor rg = g0.clone().requires_grad_(true), ru = u0.clone().requires_grad_(true);
+    ASSERT_TRUE(swiglu_is_fused(g, u));
+    at::Tensor out = swiglu(g, u), ref = at::silu(rg) * ru;
+    EXPECT_TENSOR_CLOSE(out, ref, 1e-6, 1e-6);
+    (out * weights).sum().backward();
+    (ref * weights).sum().backward();
+    EXPECT_TENSOR_CLOSE(g.grad(), rg.grad(), 1e-5, 1e-6);
+    EXPECT_TENSOR_CLOSE(u.grad(), ru.grad(), 1e-5, 1e-6);
+  }
+}
+
+TEST(CpuKernels, SwigluGivesOnlyTheGradientsAsked) {
+  at::Generator gen = make_gen(12);
+  at::Tensor g = randn({4, 40}, gen), u = randn({4, 40}, gen).requires_grad_(true);
+  ops::swiglu(g, u).sum().backward();
+  EXPECT_FALSE(g.grad().defined());
+  EXPECT_TENSOR_CLOSE(u.grad(), at::silu(g), 1e-6, 1e-6);
+}
+
+TEST(CpuKernels, SwigluFallsBackToAtenOffItsPath) {
+  at::Generator gen = make_gen(13);
+  at::Tensor both = randn({6, 32}, gen);
+  at::Tensor g = both.narrow(1, 0, 16), u = both.narrow(1, 16, 16);  // row-strided views
+  EXPECT_FALSE(swiglu_is_fused(g, u));
+  EXPECT_FALSE(swiglu_is_fused(g.contiguous().to(at::kDouble), u.contiguous().to(at::kDouble)));
+  EXPECT_TENSOR_CLOSE(swiglu(g, u), at::silu(g) * u, 0, 0);
+}
+
+// RmsNorm's ATen formula (models/layers.cpp): w * (x * rsqrt(mean(x^2) + eps)).
+at::Tensor aten_rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return w * (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps));
+}
+
+TEST(CpuKernels, RmsNormEqualsAtenForwardAndBackward) {
+  for (const auto& shape : kShapes) {
+    at::Generator gen = make_gen(21);
+    const int64_t dim = shape.back();
+    at::Tensor x0 = randn(shape, gen) * 2, w0 = randn({dim}, gen), weights = randn(shape, gen);
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor rx = x0.clone().requires_grad_(true), rw = w0.clone().requires_grad_(true);
+    ASSERT_TRUE(rmsnorm_cpu_applies(x, w));
+    at::Tensor out = rmsnorm_cpu(x, w, 1e-6), ref = aten_rmsnorm(rx, rw, 1e-6);
+    EXPECT_TENSOR_CLOSE(out, ref, 1e-5, 1e-6);
+    (out * weights).sum().backward();
+    (ref * weights).sum().backward();
+    EXPECT_TENSOR_CLOSE(x.grad(), rx.grad(), 1e-4, 1e-5);
+    EXPECT_TENSOR_CLOSE(w.grad(), rw.grad(), 1e-4, 1e-5);
+  }
+}
+
+TEST(CpuKernels, RmsNormFrozenWeightGetsNoGradient) {
+  at::Generator gen = make_gen(22);
+  at::Tensor x = randn({3, 48}, gen).requires_grad_(true), w = randn({48}, gen);
+  rmsnorm_cpu(x, w, 1e-5).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_FALSE(rmsnorm_cpu_applies(x.to(at::kDouble), w.to(at::kDouble)));
+  EXPECT_FALSE(rmsnorm_cpu_applies(x.t(), w));  // not contiguous
+}
+
+}  // namespace
+}  // namespace skyrl_tx::ops
