@@ -15,6 +15,8 @@ namespace skyrl_tx::lora {
 LoraLinear::LoraLinear(at::Tensor weight, at::Tensor bias, int64_t num_slots, int64_t max_rank)
     : weight_(std::move(weight)),
       bias_(std::move(bias)),
+      a_t_(num_slots),
+      b_t_(num_slots),
       ranks_(num_slots, 0),
       scalings_(num_slots, 0.0),
       grad_a_(num_slots),
@@ -210,10 +212,14 @@ at::Tensor LoraLinear::apply(const at::Tensor& x, const AdapterSegments& segment
   }
   // Inference: the same update, in place on the base output.
   at::Tensor y = with_base ? at::linear(x, weight_, bias_) : at::zeros({x.size(0), out_features()}, x.options());
+  const bool masters = x.scalar_type() == a_.scalar_type();  // multiply by the cached views, no cast
   for (size_t i = 0; i < scalings.size(); ++i) {
     const int64_t* s = &active[i * kSegmentFields];
-    at::Tensor xa = at::mm(x.narrow(0, s[1], s[2]), slot_a(a_, s[0], s[3], x.scalar_type()).t());  // [n, rank]
-    y.narrow(0, s[1], s[2]).addmm_(xa, slot_b(b_, s[0], s[3], x.scalar_type()).t(), 1.0, scalings[i]);
+    const bool all_rows = s[1] == 0 && s[2] == x.size(0);
+    const at::Tensor a_t = masters ? a_t_[s[0]] : slot_a(a_, s[0], s[3], x.scalar_type()).t();  // [in, rank]
+    const at::Tensor b_t = masters ? b_t_[s[0]] : slot_b(b_, s[0], s[3], x.scalar_type()).t();  // [rank, out]
+    at::Tensor xa = at::mm(all_rows ? x : x.narrow(0, s[1], s[2]), a_t);  // [n, rank]
+    (all_rows ? y : y.narrow(0, s[1], s[2])).addmm_(xa, b_t, 1.0, scalings[i]);
   }
   return y;
 }
@@ -262,6 +268,11 @@ void LoraLinear::prepare_inference(at::ScalarType dtype) const {
 void LoraLinear::set_slot_scaling(int64_t slot, int64_t rank, double scaling) {
   ranks_[slot] = rank;
   scalings_[slot] = scaling;
+  {
+    c10::NoGradGuard no_grad;
+    a_t_[slot] = rank > 0 ? a_.select(0, slot).narrow(0, 0, rank).t() : at::Tensor();
+    b_t_[slot] = rank > 0 ? b_.select(1, slot).narrow(1, 0, rank).t() : at::Tensor();
+  }
   const int64_t max_rank = a_.size(1);
   at::Tensor columns = column_scaling_.narrow(0, slot * max_rank, max_rank);
   columns.zero_();

@@ -107,6 +107,10 @@ class LoraLinear {
     int64_t a_version = -1, b_version = -1, scaling_version = -1;
   };
   mutable InferenceFactors inference_;
+  // [S]: each enabled slot's float32 factors as the inference path multiplies by them, A^T [in, rank] and
+  // B^T [rank, out] (views of the masters, made when the slot's rank is set: a decode step's per-layer view ops
+  // add up on a CPU); undefined for disabled slots.
+  std::vector<at::Tensor> a_t_, b_t_;
   std::vector<int64_t> ranks_;    // [S]; 0 = LoRA off for this slot in this module
   std::vector<double> scalings_;  // [S]
   // Per-slot gradient accumulators, written by the autograd backward through a const module (hence mutable).

@@ -7,7 +7,8 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA); the ops take
 /// their ATen formulas otherwise. (ATen's own kernels dispatch on the CPU at run time; ours are built for the
-/// one instruction set nearly every x86-64 server has, behind this check.)
+/// one instruction set nearly every x86-64 server has, behind this check.) SKYRL_TX_FUSED_CPU_OPS=0 in the
+/// environment turns them off for the process (A/B benchmarks; checking a numerical question against ATen).
 bool cpu_vector_kernels_available();
 
 namespace cpu_kernels {

@@ -4,13 +4,20 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "ops/cpu_vector_kernels.h"
 
 namespace skyrl_tx::ops {
 
 bool cpu_vector_kernels_available() {
 #if defined(SKYRL_TX_CPU_VECTOR_KERNELS) && (defined(__x86_64__) || defined(_M_X64))
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool available = [] {
+    const char* off = std::getenv("SKYRL_TX_FUSED_CPU_OPS");  // "0": the ATen formulas (A/B runs, numerics checks)
+    return !(off != nullptr && std::string(off) == "0") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+  }();
   return available;
 #else
   return false;
