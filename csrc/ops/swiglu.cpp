@@ -14,9 +14,9 @@ namespace skyrl_tx::ops {
 bool cpu_vector_kernels_available() {
 #if defined(SKYRL_TX_CPU_VECTOR_KERNELS) && (defined(__x86_64__) || defined(_M_X64))
   static const bool available = [] {
-    const char* off = std::getenv("SKYRL_TX_FUSED_CPU_OPS");  // "0": the ATen formulas (A/B runs, numerics checks)
-    return !(off != nullptr && std::string(off) == "0") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+    // Opt-in for now (see cpu_vector_kernels.h): "1" turns the fused ops on.
+    const char* on = std::getenv("SKYRL_TX_FUSED_CPU_OPS");
+    return on != nullptr && std::string(on) == "1" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return available;
 #else

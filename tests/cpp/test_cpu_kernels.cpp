@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+
 #include "ops/rmsnorm_cpu.h"
 #include "ops/swiglu.h"
 #include "testing/tensor_asserts.h"
@@ -14,10 +16,14 @@ namespace {
 using skyrl_tx::testing::make_gen;
 using skyrl_tx::testing::randn;
 
+// The fused ops are opt-in (ops/cpu_vector_kernels.h); this binary turns them on before any test asks.
+const bool kFusedOpsOn = setenv("SKYRL_TX_FUSED_CPU_OPS", "1", /*overwrite=*/1) == 0;
+
 // Shapes with a ragged vector tail (width 37) and several parallel tasks (2 x 300 x 96 elements).
 const std::vector<std::vector<int64_t>> kShapes = {{5, 37}, {2, 300, 96}, {1, 3, 4, 64}};
 
 TEST(CpuKernels, SwigluEqualsAtenForwardAndBackward) {
+  ASSERT_TRUE(kFusedOpsOn);
   for (const auto& shape : kShapes) {
     at::Generator gen = make_gen(11);
     at::Tensor g0 = randn(shape, gen) * 3, u0 = randn(shape, gen), weights = randn(shape, gen);
@@ -31,6 +37,24 @@ TEST(CpuKernels, SwigluEqualsAtenForwardAndBackward) {
     EXPECT_TENSOR_CLOSE(g.grad(), rg.grad(), 1e-5, 1e-6);
     EXPECT_TENSOR_CLOSE(u.grad(), ru.grad(), 1e-5, 1e-6);
   }
+}
+
+// A token's activations must not change with the batch around it (sampling a frozen snapshot twice, with other
+// rows or a cached prefix the second time, gives the same logprobs): every element takes the same arithmetic
+// wherever it lands in the vector loop, ragged tail included.
+TEST(CpuKernels, SwigluOfAnElementDoesNotDependOnItsPosition) {
+  at::Generator gen = make_gen(14);
+  at::Tensor g = randn({7, 37}, gen) * 3, u = randn({7, 37}, gen);
+  at::Tensor whole = swiglu(g, u);
+  for (int64_t row = 0; row < 7; ++row) {
+    EXPECT_TENSOR_EQ(swiglu(g.narrow(0, row, 1).contiguous(), u.narrow(0, row, 1).contiguous()),
+                     whole.narrow(0, row, 1));
+  }
+  at::Tensor gg = g.clone().requires_grad_(true), uu = u.clone().requires_grad_(true);
+  swiglu(gg, uu).sum().backward();
+  at::Tensor g1 = g.narrow(0, 3, 1).contiguous().requires_grad_(true), u1 = u.narrow(0, 3, 1).contiguous();
+  swiglu(g1, u1).sum().backward();
+  EXPECT_TENSOR_EQ(g1.grad(), gg.grad().narrow(0, 3, 1));
 }
 
 TEST(CpuKernels, SwigluGivesOnlyTheGradientsAsked) {
