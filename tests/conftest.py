@@ -1,5 +1,5 @@
-"""Shared pytest fixtures: a hermetic preset cache and the tiny model directories; gpu auto-skip; the test process's
-exit without interpreter finalization."""
+"""Shared pytest fixtures: a hermetic preset cache and the tiny model directories; gpu auto-skip; live servers' log
+tails in failure reports; the test process's exit without interpreter finalization."""
 
 from __future__ import annotations
 
@@ -18,6 +18,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """A failed test that used a live server (a fixture value with `log_tail`, tests/support/live_server.py) shows the
+    server's log tail in its report: a module-scoped server's log is otherwise never printed for one test's failure,
+    and a hang or error on the server side is only visible there."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        if callable(getattr(value, "log_tail", None)):
+            report.sections.append((f"skyrl_tx server log ({name}: {value}), tail", value.log_tail()))
 
 
 _SESSION_EXIT_STATUS: list[int] = []

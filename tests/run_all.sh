@@ -72,5 +72,8 @@ step "pytest"
 # OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
 # -X faulthandler keeps the Python stacks dump on after pytest's own handler is gone: a crash at interpreter exit
 # (after the last test) then shows which thread was where.
-OMP_NUM_THREADS=1 "$PY" -X faulthandler -m pytest -q "$@"
+# Each test has a time limit (pyproject.toml, pytest-timeout); the whole run has one too, below CI's own 90 minutes, so
+# a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
+OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
+  "$PY" -X faulthandler -m pytest -q --durations=15 "$@"
 step "all tests passed"
