@@ -14,8 +14,9 @@ namespace {
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            double eps) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& strided_x,
+                            const at::Tensor& weight, double eps) {
+    const at::Tensor x = strided_x.contiguous();  // a no-op for the usual contiguous rows
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
     at::Tensor out = at::empty_like(x);                // [..., dim]
     at::Tensor rstd = at::empty({rows}, x.options());  // [rows]: 1 / sqrt(mean(x^2) + eps)
@@ -60,8 +61,11 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 }  // namespace
 
 bool rmsnorm_cpu_applies(const at::Tensor& x, const at::Tensor& weight) {
-  return cpu_vector_kernels_available() && x.is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1 && x.size(-1) > 0 &&
-         weight.is_cpu() && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+  // Not x's layout: a row strided out of a wider tensor (a narrow, or several rows of a batch) must take the same
+  // arithmetic as the same row alone, which is contiguous (one row of a narrow is), or a token's activations would
+  // change with the batch around it by an ulp.
+  return cpu_vector_kernels_available() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+         x.size(-1) > 0 && weight.is_cpu() && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
          weight.numel() == x.size(-1);
 }
 

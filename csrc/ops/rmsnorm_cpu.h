@@ -5,7 +5,8 @@
 
 namespace skyrl_tx::ops {
 
-/// Whether rmsnorm_cpu applies: contiguous float32 CPU x [..., dim] with a float32 weight [dim].
+/// Whether rmsnorm_cpu applies: float32 CPU x [..., dim] of any layout (a strided x is copied to contiguous rows
+/// first) with a contiguous float32 weight [dim].
 bool rmsnorm_cpu_applies(const at::Tensor& x, const at::Tensor& weight);
 
 /// weight * (x / sqrt(mean(x^2) + eps)) over the last dim (Zhang & Sennrich 2019), as the ATen formula of

@@ -30,7 +30,9 @@ constexpr int64_t kGrain = 16384;  // elements per parallel task: big enough to 
 
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& strided_gate,
+                            const at::Tensor& strided_up) {
+    const at::Tensor gate = strided_gate.contiguous(), up = strided_up.contiguous();  // no-ops for the usual inputs
     at::Tensor out = at::empty_like(gate);  // [..., width]
     const float *g = gate.const_data_ptr<float>(), *u = up.const_data_ptr<float>();
     float* o = out.data_ptr<float>();
@@ -61,8 +63,10 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 }  // namespace
 
 bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up) {
+  // Not the inputs' layout: strided rows (views of a wider projection) take the kernel as the same rows alone do,
+  // so an element's result never depends on the batch around it (rmsnorm_cpu_applies says more).
   return cpu_vector_kernels_available() && gate.is_cpu() && up.is_cpu() && gate.scalar_type() == at::kFloat &&
-         up.scalar_type() == at::kFloat && gate.sizes() == up.sizes() && gate.is_contiguous() && up.is_contiguous();
+         up.scalar_type() == at::kFloat && gate.sizes() == up.sizes();
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -65,13 +65,28 @@ TEST(CpuKernels, SwigluGivesOnlyTheGradientsAsked) {
   EXPECT_TENSOR_CLOSE(u.grad(), at::silu(g), 1e-6, 1e-6);
 }
 
-TEST(CpuKernels, SwigluFallsBackToAtenOffItsPath) {
+// Rows strided out of a wider tensor (one projection's output split in two; several rows of a batch) take the
+// kernel as each row alone does (one row of a narrow is contiguous): were the path chosen by layout, a token's
+// activations would differ by an ulp between a prefill and a one-token step. Other dtypes take the ATen formula.
+TEST(CpuKernels, SwigluOfStridedRowsEqualsEachRowAloneBitForBit) {
   at::Generator gen = make_gen(13);
-  at::Tensor both = randn({6, 32}, gen);
-  at::Tensor g = both.narrow(1, 0, 16), u = both.narrow(1, 16, 16);  // row-strided views
-  EXPECT_FALSE(swiglu_is_fused(g, u));
-  EXPECT_FALSE(swiglu_is_fused(g.contiguous().to(at::kDouble), u.contiguous().to(at::kDouble)));
-  EXPECT_TENSOR_CLOSE(swiglu(g, u), at::silu(g) * u, 0, 0);
+  at::Tensor both = randn({6, 2 * 37}, gen) * 3;  // [rows, gate | up]
+  at::Tensor g = both.narrow(1, 0, 37), u = both.narrow(1, 37, 37);
+  ASSERT_FALSE(g.is_contiguous());
+  EXPECT_TRUE(swiglu_is_fused(g, u));
+  const at::Tensor whole = swiglu(g, u);
+  for (int64_t row = 0; row < 6; ++row) {
+    ASSERT_TRUE(g.narrow(0, row, 1).is_contiguous());
+    EXPECT_TENSOR_EQ(swiglu(g.narrow(0, row, 1), u.narrow(0, row, 1)), whole.narrow(0, row, 1));
+  }
+  at::Tensor b = both.clone().requires_grad_(true);
+  swiglu(b.narrow(1, 0, 37), b.narrow(1, 37, 37)).sum().backward();
+  at::Tensor r = both.narrow(0, 2, 1).clone().requires_grad_(true);
+  swiglu(r.narrow(1, 0, 37), r.narrow(1, 37, 37)).sum().backward();
+  EXPECT_TENSOR_EQ(r.grad(), b.grad().narrow(0, 2, 1));
+  EXPECT_FALSE(swiglu_is_fused(g.to(at::kDouble), u.to(at::kDouble)));
+  EXPECT_TENSOR_CLOSE(swiglu(g.to(at::kDouble), u.to(at::kDouble)), at::silu(g.to(at::kDouble)) * u.to(at::kDouble),
+                      0, 0);
 }
 
 // RmsNorm's ATen formula (models/layers.cpp): w * (x * rsqrt(mean(x^2) + eps)).
@@ -103,7 +118,25 @@ TEST(CpuKernels, RmsNormFrozenWeightGetsNoGradient) {
   EXPECT_TRUE(x.grad().defined());
   EXPECT_FALSE(w.grad().defined());
   EXPECT_FALSE(rmsnorm_cpu_applies(x.to(at::kDouble), w.to(at::kDouble)));
-  EXPECT_FALSE(rmsnorm_cpu_applies(x.t(), w));  // not contiguous
+}
+
+// As SwigluOfStridedRowsEqualsEachRowAloneBitForBit: a norm over rows narrowed out of a wider projection (MLA's
+// compressed kv beside its rope part) gives each row what the row alone gets.
+TEST(CpuKernels, RmsNormOfStridedRowsEqualsEachRowAloneBitForBit) {
+  at::Generator gen = make_gen(23);
+  at::Tensor wide = randn({5, 48 + 16}, gen) * 2, w = randn({48}, gen);
+  at::Tensor x = wide.narrow(1, 0, 48);  // [5, 48], row stride 64
+  ASSERT_FALSE(x.is_contiguous());
+  ASSERT_TRUE(rmsnorm_cpu_applies(x, w));
+  const at::Tensor whole = rmsnorm_cpu(x, w, 1e-6);
+  for (int64_t row = 0; row < 5; ++row) {
+    EXPECT_TENSOR_EQ(rmsnorm_cpu(x.narrow(0, row, 1), w, 1e-6), whole.narrow(0, row, 1));
+  }
+  at::Tensor grown = wide.clone().requires_grad_(true);
+  (rmsnorm_cpu(grown.narrow(1, 0, 48), w, 1e-6) * whole).sum().backward();
+  at::Tensor one = wide.narrow(0, 1, 1).clone().requires_grad_(true);
+  (rmsnorm_cpu(one.narrow(1, 0, 48), w, 1e-6) * whole.narrow(0, 1, 1)).sum().backward();
+  EXPECT_TENSOR_EQ(one.grad(), grown.grad().narrow(0, 1, 1));
 }
 
 }  // namespace
