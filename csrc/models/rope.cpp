@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/rope_cpu.h"
+
 namespace skyrl_tx::models {
 namespace {
 
@@ -73,6 +75,7 @@ at::Tensor RotaryEmbedding::apply(const at::Tensor& x, const at::Tensor& cos, co
     const int64_t rotary = cos.size(-1);
     return at::cat({apply(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, x.size(-1) - rotary)}, -1);
   }
+  if (ops::rope_cpu_applies(x, cos, sin)) return ops::rope_cpu(x, cos, sin);
   const int64_t half = x.size(-1) / 2;
   at::Tensor x1 = x.narrow(-1, 0, half);
   at::Tensor x2 = x.narrow(-1, half, half);

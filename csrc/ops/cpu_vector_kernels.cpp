@@ -1,4 +1,4 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu), compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu), compiled for AVX2 + FMA on x86-64.
 // NOTE: CMake builds this file alone with -mavx2 -mfma and CPU_CAPABILITY=AVX2, so at::vec::Vectorized is ATen's
 // 8-wide AVX2 vector (in its own at::vec::AVX2 namespace: no clash with default-compiled code). Nothing here may
 // run before cpu_vector_kernels_available() said yes, and no standard-library template is instantiated here (its
@@ -86,6 +86,56 @@ void rmsnorm_backward(const float* grad, const float* x, const float* w, const f
       (inv_v * (Vec::loadu(g + i) - Vec::loadu(xr + i) * coef_v)).store(out + i);
     }
     for (; i < dim; ++i) out[i] = inv * (g[i] - xr[i] * coef);
+  }
+}
+
+namespace {
+
+// Row r of B * heads * T: (batch, head, token) → element offsets of the input, the output and the cos/sin row.
+struct RopeRow {
+  int64_t in, out, angle;
+};
+
+RopeRow rope_row(const RopeRows& rows, int64_t r) {
+  const int64_t token = r % rows.tokens, head = (r / rows.tokens) % rows.heads, batch = r / (rows.tokens * rows.heads);
+  return {batch * rows.in_stride[0] + head * rows.in_stride[1] + token * rows.in_stride[2],
+          batch * rows.out_stride[0] + head * rows.out_stride[1] + token * rows.out_stride[2],
+          batch * rows.angle_stride[0] + token * rows.angle_stride[1]};
+}
+
+}  // namespace
+
+// The ATen formula's order: each product rounded, then the sum (this file builds with -ffp-contract=off: no FMA
+// is made of a product and a sum), so the kernel equals its twin bit for bit.
+void rope_forward(const float* x, const float* cos, const float* sin, float* out, const RopeRows& rows, int64_t begin,
+                  int64_t end) {
+  const int64_t half = rows.half;
+  for (int64_t r = begin; r < end; ++r) {
+    const RopeRow at = rope_row(rows, r);
+    const float *x1 = x + at.in, *x2 = x1 + half, *c = cos + at.angle, *s = sin + at.angle;
+    float *o1 = out + at.out, *o2 = o1 + half;
+    for (int64_t i = 0; i < half; i += Vec::size()) {
+      const int64_t n = half - i < Vec::size() ? half - i : Vec::size();
+      const Vec a = Vec::loadu(x1 + i, n), b = Vec::loadu(x2 + i, n);
+      (a * Vec::loadu(c + i, n) + b.neg() * Vec::loadu(s + i, n)).store(o1 + i, n);
+      (b * Vec::loadu(c + half + i, n) + a * Vec::loadu(s + half + i, n)).store(o2 + i, n);
+    }
+  }
+}
+
+void rope_backward(const float* grad, const float* cos, const float* sin, float* grad_x, const RopeRows& rows,
+                   int64_t begin, int64_t end) {
+  const int64_t half = rows.half;
+  for (int64_t r = begin; r < end; ++r) {
+    const RopeRow at = rope_row(rows, r);
+    const float *g1 = grad + at.in, *g2 = g1 + half, *c = cos + at.angle, *s = sin + at.angle;
+    float *o1 = grad_x + at.out, *o2 = o1 + half;
+    for (int64_t i = 0; i < half; i += Vec::size()) {
+      const int64_t n = half - i < Vec::size() ? half - i : Vec::size();
+      const Vec a = Vec::loadu(g1 + i, n), b = Vec::loadu(g2 + i, n);
+      (a * Vec::loadu(c + i, n) + b * Vec::loadu(s + half + i, n)).store(o1 + i, n);
+      (b * Vec::loadu(c + half + i, n) - a * Vec::loadu(s + i, n)).store(o2 + i, n);
+    }
   }
 }
 

@@ -11,17 +11,25 @@
 
 namespace skyrl_tx::ops {
 
-bool cpu_vector_kernels_available() {
+bool cpu_vector_kernels_supported() {
 #if defined(SKYRL_TX_CPU_VECTOR_KERNELS) && (defined(__x86_64__) || defined(_M_X64))
-  static const bool available = [] {
-    // Opt-in for now (see cpu_vector_kernels.h): "1" turns the fused ops on.
-    const char* on = std::getenv("SKYRL_TX_FUSED_CPU_OPS");
-    return on != nullptr && std::string(on) == "1" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool supported = [] {
+    const char* mode = std::getenv("SKYRL_TX_FUSED_CPU_OPS");  // "0": every fused op off (A/B runs)
+    return !(mode != nullptr && std::string(mode) == "0") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
   }();
-  return available;
+  return supported;
 #else
   return false;
 #endif
+}
+
+bool cpu_vector_kernels_available() {
+  static const bool available = [] {  // opt-in (cpu_vector_kernels.h says why): "1" turns swiglu and rmsnorm on
+    const char* mode = std::getenv("SKYRL_TX_FUSED_CPU_OPS");
+    return mode != nullptr && std::string(mode) == "1" && cpu_vector_kernels_supported();
+  }();
+  return available;
 }
 
 namespace {

@@ -1,4 +1,5 @@
-// Tests the fused CPU kernels (ops/swiglu, ops/rmsnorm_cpu) against their ATen twins: outputs and every gradient.
+// Tests the fused CPU kernels (ops/swiglu, ops/rmsnorm_cpu, ops/rope_cpu) against their ATen twins: outputs and every
+// gradient.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -6,6 +7,7 @@
 #include <cstdlib>
 
 #include "ops/rmsnorm_cpu.h"
+#include "ops/rope_cpu.h"
 #include "ops/swiglu.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -16,7 +18,7 @@ namespace {
 using skyrl_tx::testing::make_gen;
 using skyrl_tx::testing::randn;
 
-// The fused ops are opt-in (ops/cpu_vector_kernels.h); this binary turns them on before any test asks.
+// swiglu and rmsnorm_cpu are opt-in (ops/cpu_vector_kernels.h); this binary turns them on before any test asks.
 const bool kFusedOpsOn = setenv("SKYRL_TX_FUSED_CPU_OPS", "1", /*overwrite=*/1) == 0;
 
 // Shapes with a ragged vector tail (width 37) and several parallel tasks (2 x 300 x 96 elements).
@@ -137,6 +139,51 @@ TEST(CpuKernels, RmsNormOfStridedRowsEqualsEachRowAloneBitForBit) {
   at::Tensor one = wide.narrow(0, 1, 1).clone().requires_grad_(true);
   (rmsnorm_cpu(one.narrow(1, 0, 48), w, 1e-6) * whole.narrow(0, 1, 1)).sum().backward();
   EXPECT_TENSOR_EQ(one.grad(), grown.grad().narrow(0, 1, 1));
+}
+
+// RotaryEmbedding::apply's ATen formula (models/rope.cpp): x * cos + [-x2, x1] * sin, cos/sin over heads.
+at::Tensor aten_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+// Products rounded, then summed, as ATen does (the kernels' file builds without FMA contraction): equal bit for bit,
+// forward and backward, for q/k laid out as the model makes them ([B, T, heads, D] memory seen as [B, heads, T, D]),
+// contiguous, with a ragged vector tail (half = 37) and with angles shared by the batch ([1, T, D]).
+TEST(CpuKernels, RopeEqualsAtenForwardAndBackwardBitForBit) {
+  struct Case {
+    int64_t batch, tokens, heads, dim, angle_batch;
+    bool transposed;
+  };
+  for (const Case& k : {Case{2, 5, 3, 64, 2, true}, Case{2, 5, 3, 64, 1, false}, Case{1, 7, 2, 74, 1, true}}) {
+    at::Generator gen = make_gen(31);
+    at::Tensor base = randn({k.batch, k.tokens, k.heads, k.dim}, gen);  // [B, T, heads, D]
+    at::Tensor angles = randn({k.angle_batch, k.tokens, k.dim}, gen);
+    const at::Tensor cos = angles.cos(), sin = angles.sin();  // [B or 1, T, D]
+    const at::Tensor weights = randn({k.batch, k.heads, k.tokens, k.dim}, gen);
+    at::Tensor mine = base.clone().requires_grad_(true), ref = base.clone().requires_grad_(true);
+    const auto layout = [&](const at::Tensor& t) { return k.transposed ? t.transpose(1, 2) : t.transpose(1, 2).contiguous(); };
+    ASSERT_TRUE(rope_cpu_applies(layout(mine), cos, sin));
+    const at::Tensor out = rope_cpu(layout(mine), cos, sin), expected = aten_rope(layout(ref), cos, sin);
+    EXPECT_TENSOR_EQ(out, expected);
+    (out * weights).sum().backward();
+    (expected * weights).sum().backward();
+    EXPECT_TENSOR_EQ(mine.grad(), ref.grad());
+  }
+}
+
+// Each token alone (a one-token decode step) gets what it gets inside a prefill; other dtypes keep the formula.
+TEST(CpuKernels, RopeOfOneTokenEqualsItsRowInAPrefillBitForBit) {
+  at::Generator gen = make_gen(32);
+  const at::Tensor x = randn({2, 6, 4, 64}, gen).transpose(1, 2);  // [B, heads, T, D], strided
+  const at::Tensor angles = randn({2, 6, 64}, gen), cos = angles.cos(), sin = angles.sin();
+  const at::Tensor whole = rope_cpu(x, cos, sin);
+  for (int64_t t = 0; t < 6; ++t) {
+    EXPECT_TENSOR_EQ(rope_cpu(x.narrow(2, t, 1), cos.narrow(1, t, 1), sin.narrow(1, t, 1)), whole.narrow(2, t, 1));
+  }
+  EXPECT_FALSE(rope_cpu_applies(x.to(at::kDouble), cos.to(at::kDouble), sin.to(at::kDouble)));
+  EXPECT_FALSE(rope_cpu_applies(x.narrow(-1, 0, 63), cos.narrow(-1, 0, 63), sin.narrow(-1, 0, 63)));  // odd D
 }
 
 }  // namespace

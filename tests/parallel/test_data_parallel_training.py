@@ -133,8 +133,12 @@ def test_data_parallel_equals_one_process(tiny_model_dir, world: int) -> None:
                 assert o["metrics"] == pytest.approx(e["metrics"], rel=1e-6, abs=1e-6), (rank, step, r)
                 assert ("custom/nll:sum" in o["metrics"]) == (r == 0), o["metrics"]  # model "a": the custom loss
                 assert len(o["outputs"]) == len(e["outputs"])
+                # Per-token losses after AdamW steps whose gradients were summed in another order: 1e-5 of the largest
+                # (~3.5), as for the state below. 1e-6 held on one CPU and missed by 3.58e-6 against 3.54e-6 (15 ulps)
+                # on an AVX-512 one, with every fused CPU op off.
                 for d, (od, ed) in enumerate(zip(o["outputs"], e["outputs"])):
-                    assert_dicts_close(tensors(od), tensors(ed), atol=1e-6, what=f"rank {rank} step {step} request {r} datum {d}")
+                    assert_dicts_close(tensors(od), tensors(ed), atol=1e-5,
+                                       what=f"rank {rank} step {step} request {r} datum {d}")
         for model_id in MODELS:
             assert_dicts_close(tensors(got["state"][model_id]), tensors(single["state"][model_id]), atol=1e-5,
                                what=f"rank {rank} {model_id} after 3 steps")
