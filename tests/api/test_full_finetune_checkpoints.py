@@ -133,8 +133,13 @@ def test_sampler_checkpoint_samples_like_the_live_snapshot_and_is_frozen(service
     moved = after_tokens != saved_tokens or np.abs(np.subtract(after_logprobs, saved_logprobs)).max() > 1e-3
     assert moved, "training did not change the live model's samples; the frozen check would be vacuous"
 
-    assert greedy(saved) == (saved_tokens, saved_logprobs)
-    assert greedy(live) == (live_tokens, live_logprobs)
-    fresh_tokens, fresh_logprobs = greedy(service_client.create_sampling_client(model_path=path).result())
-    assert fresh_tokens == saved_tokens
-    np.testing.assert_allclose(fresh_logprobs, saved_logprobs, atol=1e-6)
+    # The same tokens, and logprobs within 1e-5 rather than bit for bit: sampled again, the prompt hits the prefix
+    # cache and its last token is recomputed alone (attention over one query row instead of the prefill's causal
+    # block), which may round a logprob differently by an ulp. With ATen's formulas throughout, prompts of 5 and 7
+    # tokens showed it (one logprob ~4.8e-7 off) and this 6-token one happened not to. Training moves them by >1e-3.
+    for sampler, (tokens, logprobs) in ((saved, (saved_tokens, saved_logprobs)), (live, (live_tokens, live_logprobs)),
+                                        (service_client.create_sampling_client(model_path=path).result(),
+                                         (saved_tokens, saved_logprobs))):
+        again_tokens, again_logprobs = greedy(sampler)
+        assert again_tokens == tokens
+        np.testing.assert_allclose(again_logprobs, logprobs, rtol=0, atol=1e-5)
