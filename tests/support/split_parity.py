@@ -167,8 +167,10 @@ def assert_same_as_one_process(got: dict, single: dict, what: str) -> None:
         for r, (o, e) in enumerate(zip(ours["results"], ref["results"][: len(ours["results"])], strict=True)):
             # Sums over ~40 tokens of float32 losses summed in another order (rows split, heads split): seen 1.07e-6.
             assert o["metrics"] == pytest.approx(e["metrics"], rel=5e-6, abs=1e-6), (what, step, r)
+            # Per-token outputs: 5e-6 of the largest. 1e-6 missed on an AVX-512 machine (tiny-qwen3.5-moe dp2 experts,
+            # step 0: 2.38e-6 at a scale of 2.21, ~9 ulps; fused RoPE on, which equals ATen bit for bit).
             for d, (od, ed) in enumerate(zip(o["outputs"], e["outputs"], strict=True)):
-                assert_dicts_close(tensors(od), tensors(ed), atol=1e-6, what=f"{what} step {step} request {r} "
+                assert_dicts_close(tensors(od), tensors(ed), atol=5e-6, what=f"{what} step {step} request {r} "
                                                                               f"datum {d}")
         # grad_norm: the whole gradient's norm. Each tensor's norm is a float32 reduction (at::_foreach_norm), ~1e-5
         # from float64 on its own for tiny-llama3's full model (57.58494 vs 57.58589); a split tensor's parts reduce

