@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+def pytest_runtest_makereport(item: pytest.Item) -> object:
     """A failed test that used a live server (a fixture value with `log_tail`, tests/support/live_server.py) shows the
     server's log tail in its report: a module-scoped server's log is otherwise never printed for one test's failure,
     and a hang or error on the server side is only visible there."""

@@ -67,13 +67,3 @@ def service_client(tinker_env: ServerUrl) -> Iterator[Any]:
 
     with tinker.ServiceClient() as client:
         yield client
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        url = getattr(item, "funcargs", {}).get("server_url") or getattr(item, "funcargs", {}).get("tinker_env")
-        if isinstance(url, ServerUrl):
-            report.sections.append((f"skyrl_tx server log ({url}), tail", url.log_tail()))

@@ -137,9 +137,9 @@ def test_sampler_checkpoint_samples_like_the_live_snapshot_and_is_frozen(service
     # cache and its last token is recomputed alone (attention over one query row instead of the prefill's causal
     # block), which may round a logprob differently by an ulp. With ATen's formulas throughout, prompts of 5 and 7
     # tokens showed it (one logprob ~4.8e-7 off) and this 6-token one happened not to. Training moves them by >1e-3.
-    for sampler, (tokens, logprobs) in ((saved, (saved_tokens, saved_logprobs)), (live, (live_tokens, live_logprobs)),
-                                        (service_client.create_sampling_client(model_path=path).result(),
-                                         (saved_tokens, saved_logprobs))):
+    fresh = service_client.create_sampling_client(model_path=path).result()
+    for sampler, tokens, logprobs in ((saved, saved_tokens, saved_logprobs), (live, live_tokens, live_logprobs),
+                                      (fresh, saved_tokens, saved_logprobs)):
         again_tokens, again_logprobs = greedy(sampler)
         assert again_tokens == tokens
         np.testing.assert_allclose(again_logprobs, logprobs, rtol=0, atol=1e-5)
