@@ -1,7 +1,7 @@
 // Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu), compiled for AVX2 + FMA on x86-64.
 // NOTE: CMake builds this file alone with -mavx2 -mfma and CPU_CAPABILITY=AVX2, so at::vec::Vectorized is ATen's
 // 8-wide AVX2 vector (in its own at::vec::AVX2 namespace: no clash with default-compiled code). Nothing here may
-// run before cpu_vector_kernels_available() said yes, and no standard-library template is instantiated here (its
+// run before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here (its
 // out-of-line copy could be the one the linker keeps for default-compiled callers): scratch comes from the caller.
 #include "ops/cpu_vector_kernels.h"
 

@@ -6,19 +6,12 @@
 namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
-/// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Enough for the ops whose kernels equal
-/// their formulas bit for bit (rope_cpu), which run by default. (ATen's own kernels dispatch on the CPU at run time;
-/// ours are built for the one instruction set nearly every x86-64 server has, behind this check.) Every op decides
-/// by dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone gets.
+/// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
+/// rope_cpu) runs when it says yes. (ATen's own kernels dispatch on the CPU at run time; ours are built for the one
+/// instruction set nearly every x86-64 server has, behind this check.) Every op decides by dtype, device and shape,
+/// never by layout: a strided row gets the arithmetic the same row alone gets. rope_cpu equals its formula bit for
+/// bit; swiglu and rmsnorm_cpu differ from theirs by float32 ulps, which every check across computation orders allows.
 bool cpu_vector_kernels_supported();
-
-/// cpu_vector_kernels_supported() and SKYRL_TX_FUSED_CPU_OPS=1: the opt-in for swiglu and rmsnorm_cpu, whose
-/// results differ from their formulas' by float32 ulps. Turned on by default, they failed CI's checks that compared
-/// results bit for bit or at 1e-6 across different computation orders. Those checks were too tight, with ATen's
-/// formulas too: a snapshot sampled again after a prefix-cache hit is one ulp off for other prompt lengths, and
-/// data-parallel training over 4 ranks missed 1e-6 on an AVX-512 machine (both checks now allow for it). They stay
-/// opt-in until a CI run with them on passes; each kernel gives a row the same bits wherever the row sits.
-bool cpu_vector_kernels_available();
 
 namespace cpu_kernels {
 

@@ -64,7 +64,7 @@ bool rmsnorm_cpu_applies(const at::Tensor& x, const at::Tensor& weight) {
   // Not x's layout: a row strided out of a wider tensor (a narrow, or several rows of a batch) must take the same
   // arithmetic as the same row alone, which is contiguous (one row of a narrow is), or a token's activations would
   // change with the batch around it by an ulp.
-  return cpu_vector_kernels_available() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+  return cpu_vector_kernels_supported() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
          x.size(-1) > 0 && weight.is_cpu() && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
          weight.numel() == x.size(-1);
 }

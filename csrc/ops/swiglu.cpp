@@ -24,14 +24,6 @@ bool cpu_vector_kernels_supported() {
 #endif
 }
 
-bool cpu_vector_kernels_available() {
-  static const bool available = [] {  // opt-in (cpu_vector_kernels.h says why): "1" turns swiglu and rmsnorm on
-    const char* mode = std::getenv("SKYRL_TX_FUSED_CPU_OPS");
-    return mode != nullptr && std::string(mode) == "1" && cpu_vector_kernels_supported();
-  }();
-  return available;
-}
-
 namespace {
 
 constexpr int64_t kGrain = 16384;  // elements per parallel task: big enough to amortise a task's start
@@ -73,7 +65,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up) {
   // Not the inputs' layout: strided rows (views of a wider projection) take the kernel as the same rows alone do,
   // so an element's result never depends on the batch around it (rmsnorm_cpu_applies says more).
-  return cpu_vector_kernels_available() && gate.is_cpu() && up.is_cpu() && gate.scalar_type() == at::kFloat &&
+  return cpu_vector_kernels_supported() && gate.is_cpu() && up.is_cpu() && gate.scalar_type() == at::kFloat &&
          up.scalar_type() == at::kFloat && gate.sizes() == up.sizes();
 }
 

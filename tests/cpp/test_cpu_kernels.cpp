@@ -18,8 +18,8 @@ namespace {
 using skyrl_tx::testing::make_gen;
 using skyrl_tx::testing::randn;
 
-// swiglu and rmsnorm_cpu are opt-in (ops/cpu_vector_kernels.h); this binary turns them on before any test asks.
-const bool kFusedOpsOn = setenv("SKYRL_TX_FUSED_CPU_OPS", "1", /*overwrite=*/1) == 0;
+// The fused ops run by default (ops/cpu_vector_kernels.h); a run with SKYRL_TX_FUSED_CPU_OPS=0 would test nothing.
+const bool kFusedOpsOn = unsetenv("SKYRL_TX_FUSED_CPU_OPS") == 0;
 
 // Shapes with a ragged vector tail (width 37) and several parallel tasks (2 x 300 x 96 elements).
 const std::vector<std::vector<int64_t>> kShapes = {{5, 37}, {2, 300, 96}, {1, 3, 4, 64}};
