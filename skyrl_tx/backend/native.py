@@ -83,6 +83,7 @@ class NativeBackend:
         self.settings = settings or BackendSettings()
         self.tensor_parallel_rank = tensor_parallel.rank if tensor_parallel is not None else 0
         self._weight_sync: Any = None  # a sampler engine's rank: its place in the trainer's sync group
+        self._sync_device = "cpu"  # where that group's tensors live: this rank's CUDA device on an NCCL group
         self.decoder_config = load_decoder_config(self.model_dir)
         self._core = load_extension().Backend(
             _native_model_config(self.decoder_config),
@@ -255,13 +256,17 @@ class NativeBackend:
         return self._core.has_snapshot(snapshot_id)
 
     # ---- weight sync: a sampler engine's ranks, each in the trainer's sync group (parallel/weight_sync.py) ------
-    def join_weight_sync(self, address: str, first_rank: int, world: int, timeout_s: float) -> None:
+    def join_weight_sync(self, address: str, first_rank: int, world: int, timeout_s: float,
+                         on_cuda: bool = False) -> None:
         """Joins the trainer's sync group at `address` as rank first_rank + this rank's tensor-parallel rank (every
-        rank of a tensor-parallel sampler engine receives the broadcast itself), leaving the old group first."""
+        rank of a tensor-parallel sampler engine receives the broadcast itself), leaving the old group first. on_cuda
+        (layout.weight_sync_on_cuda): the group is NCCL and the weights arrive on this rank's device; else Gloo."""
         from skyrl_tx.parallel.weight_sync import join_sync_group
 
         self._weight_sync = None
-        self._weight_sync = join_sync_group(address, first_rank + self.tensor_parallel_rank, world, timeout_s)
+        self._sync_device = self.settings.device if on_cuda else "cpu"
+        self._weight_sync = join_sync_group(address, first_rank + self.tensor_parallel_rank, world, timeout_s,
+                                            device=self._sync_device)
 
     def receive_weights(self, snapshot_id: str, lora: dict[str, Any] | None, resync: bool,
                         digest: bool) -> tuple[Exception | None, str | None]:
@@ -271,7 +276,7 @@ class NativeBackend:
         broadcast raises (the group is broken)."""
         from skyrl_tx.parallel.weight_sync import weights_digest
 
-        tensors = self._weight_sync.sync(0, {}, "cpu")  # the group is Gloo; loading copies to the device
+        tensors = self._weight_sync.sync(0, {}, self._sync_device)  # Gloo: CPU copies that loading moves to the device
         try:
             if resync and self.has_snapshot(snapshot_id):
                 pass

@@ -97,12 +97,13 @@ def join_subgroups(rank: int, tensor_parallel_groups: list[list[int]], data_para
     return mine[0], mine[1]
 
 
-def join_side_group(address: RankAddress, timeout_s: float = 60.0) -> Any:
-    """A Gloo group of its own beside the process's default group (a trainer and its sampler engines: the trainer
-    may also be rank 0 of a data-parallel default group). Rendezvous through its own TCPStore at `address` (rank 0
-    hosts it); returns skyrl_tx._C.Collectives on it. Built as torch.distributed builds its groups internally (a
-    c10d ProcessGroup with a registered Gloo backend), because init_process_group makes only the default group and
-    new_group needs every rank of it."""
+def join_side_group(address: RankAddress, device: str = "cpu", timeout_s: float = 60.0) -> Any:
+    """A group of its own beside the process's default group (a trainer and its sampler engines: the trainer may also
+    be rank 0 of a data-parallel default group), for tensors on `device`: NCCL when every rank passes a CUDA device
+    (each its own), else Gloo. Rendezvous through its own TCPStore at `address` (rank 0 hosts it); returns
+    skyrl_tx._C.Collectives on it. Built as torch.distributed builds its groups internally (a c10d ProcessGroup with
+    registered backends), because init_process_group makes only the default group and new_group needs every rank
+    of it. On a CUDA group Gloo stays registered for CPU tensors, so a stray CPU tensor is still sent, just slower."""
     address.check()
     host, port = address.host_port()
     native = load_extension()
@@ -111,16 +112,29 @@ def join_side_group(address: RankAddress, timeout_s: float = 60.0) -> Any:
     from torch._C._distributed_c10d import ProcessGroup
 
     timeout = datetime.timedelta(seconds=timeout_s)
+    on_cuda = device.startswith("cuda")
+    if on_cuda and not td.is_nccl_available():
+        raise InvalidArgumentError(f"the weight-sync group on {device} needs NCCL, which this torch build lacks")
     try:
         store = td.TCPStore(host, port, address.world_size, is_master=address.rank == 0, timeout=timeout,
                             wait_for_workers=True)
         group = ProcessGroup(store, address.rank, address.world_size)
-        backend = td.ProcessGroupGloo(td.PrefixStore("side/", store), address.rank, address.world_size, timeout)
-        group._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+        gloo = td.ProcessGroupGloo(td.PrefixStore("side/", store), address.rank, address.world_size, timeout)
+        group._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
         group._set_default_backend(ProcessGroup.BackendType.GLOO)
+        if on_cuda:
+            if torch.device(device).index is not None:  # NCCL's communicator binds to the current device
+                torch.cuda.set_device(torch.device(device))
+            options = td.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = False
+            options._timeout = timeout
+            nccl = td.ProcessGroupNCCL(td.PrefixStore("side-nccl/", store), address.rank, address.world_size, options)
+            group._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
+            group._set_default_backend(ProcessGroup.BackendType.NCCL)
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds (DistStoreError, RuntimeError, timeouts)
         raise InternalError(f"rank {address.rank} of {address.world_size} could not join the side group at "
-                            f"{address.coordinator_address} within {timeout_s:g} s: {exc}") from exc
+                            f"{address.coordinator_address} ({'NCCL' if on_cuda else 'Gloo'}) within {timeout_s:g} s: "
+                            f"{exc}") from exc
     return native.Collectives(group)
 
 

@@ -129,3 +129,10 @@ def sampler_device(settings: BackendSettings, index: int) -> str:
     trainer_ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
     trainer_ranks_here = trainer_ranks // max(settings.num_processes, 1)
     return f"cuda:{first + trainer_ranks_here + index * settings.inference_engine_tensor_parallel_size}"
+
+
+def weight_sync_on_cuda(settings: BackendSettings) -> bool:
+    """Whether the trainer → sampler-engine sync group is NCCL: the trainer and every sampler engine on CUDA devices
+    (each rank on its own; config refuses a CPU/CUDA mix). Else Gloo, carrying CPU tensors (the same code)."""
+    engines = [sampler_device(settings, i) for i in range(settings.num_inference_engines)]
+    return all(device.startswith("cuda") for device in [settings.device, *engines])

@@ -28,9 +28,10 @@ HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is
 
 
 def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str,
-                        conn: Any) -> None:
+                        conn: Any, sync_on_cuda: bool = False) -> None:
     """A sampler engine: loads the base model, joins the sync group (its ranks rank, rank + 1, ... of `world`: one
-    per tensor-parallel rank), then serves commands until told to stop."""
+    per tensor-parallel rank; NCCL on their own devices when sync_on_cuda, else Gloo), then serves commands until
+    told to stop."""
     try:  # dies with the engine process, even a kill -9 of it
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -43,7 +44,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
     # and each of them is a rank of the sync group, receiving every broadcast itself.
     backend = make_backend(Path(model_dir), BackendSettings.from_dict(settings))
     digests = backend.settings.weight_sync_digests
-    backend.join_weight_sync(address, rank, world, JOIN_TIMEOUT_S)
+    backend.join_weight_sync(address, rank, world, JOIN_TIMEOUT_S, sync_on_cuda)
     running: dict[int, int] = {}  # local sample id → the trainer's id
     watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
     conn.send(("ready", os.getpid()))
@@ -69,7 +70,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
                 error, digest = backend.receive_weights(snapshot_id, lora, resync, digests)
                 conn.send(("synced", snapshot_id, error, digest))
             elif kind == "regroup":  # a member is gone: every rank leaves the old group and joins the new one
-                backend.join_weight_sync(message[1], rank, world, JOIN_TIMEOUT_S)
+                backend.join_weight_sync(message[1], rank, world, JOIN_TIMEOUT_S, sync_on_cuda)
                 conn.send(("regrouped",))
             elif kind == "remove":
                 if backend.has_snapshot(message[1]):

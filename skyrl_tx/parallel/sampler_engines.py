@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
-from skyrl_tx.parallel.layout import sampler_device
+from skyrl_tx.parallel.layout import sampler_device, weight_sync_on_cuda
 from skyrl_tx.parallel.sampler_engine_process import sampler_engine_main
 from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S, weights_digest
 from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
@@ -64,6 +64,9 @@ class SamplerEnginesBackend:
         self._conns: list[Any] = [None] * count
         self._procs: list[Any] = [None] * count
         self._sync: Any = None
+        # NCCL when the trainer and every engine are on CUDA devices: the trainer sends from its own device
+        self._sync_on_cuda = weight_sync_on_cuda(settings)
+        self._sync_device = settings.device if self._sync_on_cuda else "cpu"
         self._lora: dict[str, dict[str, Any] | None] = {}  # live model id → its LoRA shape (None: full weights)
         self._synced: set[str] = set()  # snapshot ids every sampler engine holds
         self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # LoRA versions: factors, shape
@@ -167,7 +170,7 @@ class SamplerEnginesBackend:
             if not self._send(index, ("sync", snapshot_id, lora, resync)):
                 raise _EngineLost(f"sampler engine {index}: {self._failed.get(index)}")
         try:
-            self._sync.sync(self._versions, sent, "cpu")
+            self._sync.sync(self._versions, sent, self._sync_device)
         except InternalError as exc:  # a collective failed: a member died or hung
             raise _EngineLost(str(exc)) from exc
         self._versions += 1
@@ -379,7 +382,7 @@ class SamplerEnginesBackend:
                         "device": sampler_device(self._settings, index)}
             proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings,
                                                                      1 + index * width, 1 + count * width, address,
-                                                                     child),
+                                                                     child, self._sync_on_cuda),
                                    # a daemon may not start processes: a tensor-parallel engine starts its ranks
                                    # (they die with it: PR_SET_PDEATHSIG; close() stops it)
                                    daemon=self._settings.inference_engine_tensor_parallel_size == 1,
@@ -389,7 +392,7 @@ class SamplerEnginesBackend:
             self._failed.pop(index, None)
         self._sync = None  # the old group (a member is gone) before the new one
         try:
-            self._sync = join_sync_group(address, 0, 1 + count * width)
+            self._sync = join_sync_group(address, 0, 1 + count * width, device=self._sync_device)
         except InternalError as exc:
             raise _EngineLost(str(exc)) from exc
         for index in indices:

@@ -31,13 +31,15 @@ JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins 
 SYNC_BUCKET_BYTES = 64 << 20
 
 
-def join_sync_group(address: str, rank: int, world: int, timeout_s: float = JOIN_TIMEOUT_S) -> Any:
+def join_sync_group(address: str, rank: int, world: int, timeout_s: float = JOIN_TIMEOUT_S, *,
+                    device: str = "cpu") -> Any:
     """WeightSync on a fresh side group at `address`: the trainer is rank 0, rank 1 + e * T + t is tensor-parallel
-    rank t of sampler engine e (engines of T ranks each)."""
+    rank t of sampler engine e (engines of T ranks each). `device`: this rank's own CUDA device when the group is
+    NCCL (layout.weight_sync_on_cuda), else "cpu"; every sync then passes the same device."""
     from skyrl_tx.parallel.group import RankAddress, join_side_group
 
-    return make_weight_sync(join_side_group(RankAddress(address, rank, world), timeout_s=timeout_s), root=0,
-                            bucket_bytes=SYNC_BUCKET_BYTES)
+    return make_weight_sync(join_side_group(RankAddress(address, rank, world), device=device, timeout_s=timeout_s),
+                            root=0, bucket_bytes=SYNC_BUCKET_BYTES)
 
 
 def make_weight_sync(group: Any, root: int = 0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:

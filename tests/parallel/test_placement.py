@@ -39,6 +39,19 @@ def test_sampler_engines_take_the_devices_after_the_trainers() -> None:
     assert sampler_device(BackendSettings(colocate_all=False), 0) == "cpu"
 
 
+def test_the_sync_group_is_nccl_only_when_the_trainer_and_every_engine_are_on_cuda() -> None:
+    from skyrl_tx.parallel.layout import weight_sync_on_cuda
+
+    def on_cuda(**kw) -> bool:
+        return weight_sync_on_cuda(BackendSettings.from_dict({"colocate_all": False, "num_inference_engines": 2,
+                                                              **kw}))
+
+    assert on_cuda(device="cuda")  # engines on cuda:1 and cuda:2
+    assert on_cuda(device="cuda:0", inference_engine_devices=["cuda:5", "cuda:3"])
+    assert not on_cuda()  # all on the CPU: Gloo
+    assert not on_cuda(inference_engine_devices=["cpu", "cpu"])  # (config refuses a CPU/CUDA mix)
+
+
 def test_a_worker_node_finds_its_place_in_a_launchers_environment() -> None:
     from skyrl_tx.parallel.layout import node_process_from_env
 
