@@ -50,7 +50,6 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
   at::Tensor valid = at::zeros({B, max_len}, at::kBool);  // [B, T]
   std::vector<int64_t> row_slots(n);
   batch.packed_row.resize(n);
-  bool padded = false;
   for (int64_t row = 0; row < B; ++row) {
     const int64_t req = order[row];
     const int64_t len = batch.lengths[req];
@@ -59,20 +58,15 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
     valid[row].narrow(0, 0, len).fill_(true);
     row_slots[row] = slots[req];
     batch.packed_row[req] = row;
-    padded = padded || len < max_len;
   }
   batch.input_ids = ids.to(device);
   batch.target_ids = tgt.to(device);
   batch.valid = valid.to(device);
   batch.positions = at::arange(max_len, at::TensorOptions().dtype(at::kLong).device(device)).expand({B, max_len});
-  if (padded) {
-    // mask: [B, 1, T, T]; causal and key-valid; the diagonal stays open so padded queries never see an
-    // all-masked row (which would give NaN); their outputs are discarded.
-    auto opts = at::TensorOptions().dtype(at::kBool).device(device);
-    at::Tensor causal = at::ones({max_len, max_len}, opts).tril();
-    at::Tensor diag = at::eye(max_len, opts);
-    batch.mask.mask = (causal.unsqueeze(0) & batch.valid.unsqueeze(1)).logical_or(diag.unsqueeze(0)).unsqueeze(1);
-  }
+  // No padding mask: rows are right-padded, so a real query (position t < len) already sees only real keys under
+  // the causal mask, and padded positions feed nothing real (their keys are later than every real query; their
+  // outputs and gradients are dropped: zero loss weight). A [B, 1, T, T] mask would cost B * T^2 bytes, and it keeps
+  // SDPA off its causal fast paths (flash attention on GPUs; the CPU kernel's skipping of blocks above the diagonal).
   batch.segments = lora::AdapterSegments::from_sorted_rows(row_slots, max_len);
   return batch;
 }

@@ -15,7 +15,7 @@ struct PackedBatch {
   at::Tensor target_ids;  // [B, T] int64, padded with 0
   at::Tensor valid;       // [B, T] bool, true on real tokens
   at::Tensor positions;   // [B, T] int64, 0..len-1 (padding continues counting; masked anyway)
-  models::AttentionMask mask;         // undefined when no row is padded
+  models::AttentionMask mask;         // undefined: right padding needs only the causal mask (packing.cpp says why)
   lora::AdapterSegments segments;     // over the flattened [B * T] tokens
   std::vector<int64_t> packed_row;    // request i lives in packed row packed_row[i]
   std::vector<int64_t> lengths;       // per request

@@ -64,8 +64,8 @@ class RmsNorm {
   bool zero_centered_;
 };
 
-/// Causal attention with padding: `mask` is undefined when every row is full length (then SDPA's
-/// is_causal fast path), else a bool [B, 1, T, T] with true = may attend.
+/// Which keys a query attends: undefined `mask` is causal (SDPA's is_causal fast path; right-padded training and
+/// prefill batches need no more), else a bool [B, 1, T, T] (or [B, 1, T, L] against a KV cache), true = may attend.
 struct AttentionMask {
   at::Tensor mask;
 };
