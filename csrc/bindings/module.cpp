@@ -1,6 +1,7 @@
 // PYBIND11_MODULE(_C): build information plus the per-area bindings.
 #include "backend/fault_injection.h"
 #include "bindings/bindings.h"
+#include "ops/cpu_vector_kernels.h"
 
 #ifndef SKYRL_TX_TORCH_VERSION
 #error "SKYRL_TX_TORCH_VERSION must be defined by the build"
@@ -31,6 +32,9 @@ PYBIND11_MODULE(_C, m) {
 #endif
     return info;
   });
+  // The benchmark's A/B of the fused CPU ops (ops/cpu_vector_kernels.h): on or off from the next step; returns
+  // whether they now run (false on a CPU without AVX2 and FMA).
+  m.def("_set_fused_cpu_ops", &skyrl_tx::ops::set_fused_cpu_ops, py::arg("on"));
 #ifdef SKYRL_TX_TESTING
   // Test builds only (SKYRL_TX_BUILD_TESTS=ON): a one-shot failure of training micro-batch k (< 0 disarms);
   // returns what was armed before (-1 once the failure fired).

@@ -13,6 +13,10 @@ namespace skyrl_tx::ops {
 /// bit; swiglu and rmsnorm_cpu differ from theirs by float32 ulps, which every check across computation orders allows.
 bool cpu_vector_kernels_supported();
 
+/// Turns every fused CPU op on or off for the ops chosen from now on (the benchmark's in-process A/B of the fused
+/// ops against their formulas); call it between steps, never while one runs. Returns cpu_vector_kernels_supported().
+bool set_fused_cpu_ops(bool on);
+
 namespace cpu_kernels {
 
 /// out = g * sigmoid(g) * u over [begin, end).

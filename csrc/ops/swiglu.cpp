@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -11,17 +12,36 @@
 
 namespace skyrl_tx::ops {
 
-bool cpu_vector_kernels_supported() {
+namespace {
+
+// Whether this CPU runs the loops at all (x86-64 with AVX2 and FMA, in a build that has them).
+bool cpu_runs_the_loops() {
 #if defined(SKYRL_TX_CPU_VECTOR_KERNELS) && (defined(__x86_64__) || defined(_M_X64))
-  static const bool supported = [] {
-    const char* mode = std::getenv("SKYRL_TX_FUSED_CPU_OPS");  // "0": every fused op off (A/B runs)
-    return !(mode != nullptr && std::string(mode) == "0") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
-  }();
-  return supported;
+  static const bool runs = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return runs;
 #else
   return false;
 #endif
+}
+
+// On unless SKYRL_TX_FUSED_CPU_OPS is "0"; the benchmark's in-process A/B flips it between steps.
+std::atomic<bool>& fused_ops_switch() {
+  static std::atomic<bool> on{[] {
+    const char* mode = std::getenv("SKYRL_TX_FUSED_CPU_OPS");
+    return !(mode != nullptr && std::string(mode) == "0");
+  }()};
+  return on;
+}
+
+}  // namespace
+
+bool cpu_vector_kernels_supported() {
+  return cpu_runs_the_loops() && fused_ops_switch().load(std::memory_order_relaxed);
+}
+
+bool set_fused_cpu_ops(bool on) {
+  fused_ops_switch().store(on, std::memory_order_relaxed);
+  return cpu_vector_kernels_supported();
 }
 
 namespace {

@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", choices=sorted(CONFIGS), help="model + workload sizes (default: cpu)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement (median reported)")
     p.add_argument("--threads", type=int, help="torch threads (default: the engine's choice)")
+    p.add_argument("--fused-ab", action="store_true",
+                   help="also time each step with the fused CPU ops on and off, alternating in this process")
     return p
 
 
@@ -98,6 +100,49 @@ def measure(cfg_name: str, device: str, reps: int) -> dict[str, Any]:
     return report
 
 
+def fused_ab(cfg_name: str, device: str, reps: int) -> dict[str, Any]:
+    """The fused CPU ops (csrc/ops) against their ATen formulas, in this process: each repetition times the training
+    step and the decode workload once with the ops on and once off (the order alternating), so the machine's drift
+    between runs (GEMM time alone moved by 18% between equal processes) lands on both sides. Medians; a ratio < 1 is
+    a gain."""
+    from skyrl_tx._ext import load_extension
+    from skyrl_tx.bench import skyrl_side
+    from skyrl_tx.bench.configs import model_dir
+
+    native = load_extension()
+    if not native._set_fused_cpu_ops(True):
+        raise SystemExit("--fused-ab: this CPU or build has no fused CPU ops (they need x86-64 with AVX2 and FMA)")
+    cfg = CONFIGS[cfg_name]
+    path = model_dir(cfg)
+    steps = cfg.workload.sample_new_tokens - 1
+    train = skyrl_side.build(wl.TRAIN_1, path, cfg, device)
+    decode = skyrl_side.build(wl.SAMPLE_16, path, cfg, device)
+    assert decode.run_first_token is not None
+    parts = {"train": lambda: _seconds(train.run),  # one step
+             "decode_batch_16": lambda: (_seconds(decode.run) - _seconds(decode.run_first_token)) / steps}
+    times: dict[str, dict[bool, list[float]]] = {part: {True: [], False: []} for part in parts}
+    for on in (True, False):  # warm-up: each side's first run allocates
+        native._set_fused_cpu_ops(on)
+        for measure_once in parts.values():
+            measure_once()
+    for rep in range(reps):
+        for on in ((True, False) if rep % 2 == 0 else (False, True)):
+            native._set_fused_cpu_ops(on)
+            for part, measure_once in parts.items():
+                times[part][on].append(measure_once())
+    native._set_fused_cpu_ops(True)
+    report = {}
+    for part, by_state in times.items():
+        fused, formulas = statistics.median(by_state[True]), statistics.median(by_state[False])
+        report[part] = {"fused_s": fused, "formulas_s": formulas, "fused_over_formulas": fused / formulas,
+                        "fused_reps_s": by_state[True], "formulas_reps_s": by_state[False]}
+    return report
+
+
+def _seconds(run: Callable[[], None]) -> float:
+    return timed(run, 0, 1)[0]
+
+
 def run_gemm_share(argv: list[str]) -> dict[str, Any]:
     import torch
 
@@ -117,5 +162,12 @@ def run_gemm_share(argv: list[str]) -> dict[str, Any]:
           f"{train['gemm_s'] * 1e3:.1f} ms: {train['ratio']:.2f}x\n"
           f"  decode step at batch 16: {decode['step_s'] * 1e3:.2f} ms, its GEMMs {decode['gemm_s'] * 1e3:.2f} ms: "
           f"{decode['ratio']:.2f}x", file=sys.stderr)
+    if args.fused_ab:
+        ab = report["fused_ab"] = fused_ab(report["config"], args.device, args.reps)
+        print(f"  fused CPU ops on / off, alternating in this process (median of {args.reps}): training "
+              f"{ab['train']['fused_s'] * 1e3:.1f} / {ab['train']['formulas_s'] * 1e3:.1f} ms = "
+              f"{ab['train']['fused_over_formulas']:.3f}; decode step "
+              f"{ab['decode_batch_16']['fused_s'] * 1e3:.2f} / {ab['decode_batch_16']['formulas_s'] * 1e3:.2f} ms = "
+              f"{ab['decode_batch_16']['fused_over_formulas']:.3f}", file=sys.stderr)
     print(json.dumps(report))
     return report

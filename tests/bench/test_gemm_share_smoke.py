@@ -16,7 +16,8 @@ TIMEOUT_S = 300
 def test_gemm_share_benchmark_sees_the_cores_gemms(preset_cache: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "gemm-share", "--config", "tiny", "--reps", "1",
-                           "--threads", "1"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+                           "--threads", "1", "--fused-ab"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     for part in ("train", "decode_batch_16"):
@@ -25,3 +26,7 @@ def test_gemm_share_benchmark_sees_the_cores_gemms(preset_cache: Path) -> None:
         assert measured["gemm_s"] > 0 and measured["ratio"] >= 1.0, measured
     assert report["train"]["tokens"] == 4 * 32 and report["decode_batch_16"]["steps"] == 31
     assert "gpuGetDeviceCount" not in proc.stderr
+    ab = report["fused_ab"]  # --fused-ab: fused ops and formulas, both timed every repetition
+    for part in ("train", "decode_batch_16"):
+        assert len(ab[part]["fused_reps_s"]) == len(ab[part]["formulas_reps_s"]) == 1, ab
+        assert ab[part]["fused_s"] > 0 and ab[part]["formulas_s"] > 0, ab
