@@ -82,8 +82,8 @@ def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, m
 
 
 def measure(base_model: str, share: float, trainers: int, samplers: int, seconds: float,
-            max_tokens: int, client_nice: int = 10) -> dict[str, Any]:
-    config = {"sampling_share": share, "max_lora_adapters": max(trainers, 1)}
+            max_tokens: int, client_nice: int = 10, device: str = "cpu") -> dict[str, Any]:
+    config = {"sampling_share": share, "max_lora_adapters": max(trainers, 1), "device": device}
     context = multiprocessing.get_context("spawn")
     with bench_server(base_model, name="bench mixed", args=["--backend-config", json.dumps(config)]) as live:
         roles = {}
@@ -137,10 +137,11 @@ def run_mixed(argv: list[str]) -> list[dict[str, float]]:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--client-nice", type=int, default=10,
                         help="niceness of the client processes (0: they compete with the server for the CPU)")
+    parser.add_argument("--device", default="cpu", help="the server's device: cpu, cuda or cuda:N")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     rows = [measure(args.base_model, float(s), args.trainers, args.samplers, args.seconds, args.max_tokens,
-                    args.client_nice)
+                    args.client_nice, args.device)
             for s in args.shares.split(",")]
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))

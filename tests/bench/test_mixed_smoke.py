@@ -13,7 +13,8 @@ from pathlib import Path
 def test_mixed_benchmark_reports_both_sides(tmp_path: Path, preset_cache: Path) -> None:
     out = tmp_path / "mixed.json"
     proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "mixed", "--shares", "0.5", "--trainers", "2",
-                           "--samplers", "2", "--seconds", "2", "--max-tokens", "4", "--json", str(out)],
+                           "--samplers", "2", "--seconds", "2", "--max-tokens", "4", "--device", "cpu", "--json",
+                           str(out)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
                           check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
