@@ -7,8 +7,8 @@
 namespace skyrl_tx::ops {
 
 /// Whether rope_cpu applies: float32 CPU x [B, heads, T, D] of any layout (even D) with float32 CPU cos/sin
-/// [B or 1, T, D] of one shape, on a CPU that runs the loops (cpu_vector_kernels_supported). Decided by dtype, device and shapes only,
-/// never by layout, so a token gets the same arithmetic in a prefill and a one-token step.
+/// [B or 1, T, D] of one shape, on a CPU that runs the loops (cpu_vector_kernels_supported). Decided by dtype,
+/// device and shapes only, never by layout, so a token gets the same arithmetic in a prefill and a one-token step.
 bool rope_cpu_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] (cos/sin broadcast over heads), as the ATen formula

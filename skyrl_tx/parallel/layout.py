@@ -132,7 +132,7 @@ def sampler_device(settings: BackendSettings, index: int) -> str:
 
 
 def weight_sync_on_cuda(settings: BackendSettings) -> bool:
-    """Whether the trainer → sampler-engine sync group is NCCL: the trainer and every sampler engine on CUDA devices
-    (each rank on its own; config refuses a CPU/CUDA mix). Else Gloo, carrying CPU tensors (the same code)."""
-    engines = [sampler_device(settings, i) for i in range(settings.num_inference_engines)]
-    return all(device.startswith("cuda") for device in [settings.device, *engines])
+    """Whether the trainer → sampler-engine sync group is NCCL: the trainer on CUDA, and so every sampler engine (each
+    rank on its own device: sampler_device follows the trainer's, and config refuses inference_engine_devices that
+    mix CPU and CUDA). Else Gloo, carrying CPU tensors (the same code)."""
+    return settings.device.startswith("cuda")
