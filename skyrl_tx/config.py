@@ -31,10 +31,13 @@ class BackendSettings:
     logprobs_chunk_tokens: int = 1024  # tokens per [tokens, vocab] logits chunk
     seed: int = 0
     max_full_models: int = 1  # full fine-tuning copies (lora_rank=0) live at once
-    train_micro_batch_tokens: int = 8192  # padded tokens per forward/backward micro-batch
+    train_micro_batch_tokens: int = 8192  # tokens per forward/backward micro-batch (padding included)
     # Sequences per micro-batch at most (the seed README's key, same meaning; 0: only train_micro_batch_tokens bounds)
     train_micro_batch_size: int = 0
     gradient_checkpointing: bool = False  # recompute layer activations in backward (less memory)
+    # Micro-batches of mixed lengths pack their sequences back to back in one row: varlen attention, no padded work
+    # (a Gated DeltaNet layer restarts its state per sequence). False: one right-padded row per sequence.
+    train_packed_sequences: bool = True
     max_sampling_sequences: int = 16  # sequences decoding at once (KV cache rows)
     max_sampling_length: int = 2048  # prompt + completion tokens per sampled sequence
     # The KV cache by a budget instead of max_sampling_sequences rows (give one of the three): kv_cache_tokens

@@ -188,7 +188,8 @@ std::vector<at::Tensor> Backend::token_logprobs(const std::vector<at::Tensor>& i
   c10::NoGradGuard no_grad;
   const auto& options = model_->options();
   batching::PackedBatch batch =
-      batching::pack_sequences(input_tokens, target_tokens, slots, model_config().vocab_size, options.device);
+      batching::pack_sequences(input_tokens, target_tokens, slots, model_config().vocab_size, options.device,
+                               training_layout());
   at::Tensor hidden = model_->hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments);
   at::Tensor logprobs = loss::token_logprobs(model_->output_head(), hidden, batch.target_ids.reshape({-1}),
                                              batch.segments, config_.logprobs_chunk_tokens);  // [B * T]

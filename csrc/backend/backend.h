@@ -174,6 +174,10 @@ class Backend {
   /// What optim_step updates: trainable_tensors less buffers (DeepSeek's router score bias).
   std::vector<optim::TrainableTensor> stepped_tensors(const std::string& model_id) const;
   bool data_parallel() const { return collectives_ && collectives_->world_size() > 1; }
+  /// How training micro-batches lay out their sequences (train_packed_sequences).
+  batching::RowLayout training_layout() const {
+    return config_.train_packed_sequences ? batching::RowLayout::kPacked : batching::RowLayout::kPadded;
+  }
   int64_t zero_bucket_elements() const { return config_.zero_bucket_mb * (int64_t(1) << 20) / 4; }  // float32
   /// A full model's ZeRO state, or nullptr when it is not sharded (one process).
   optim::ZeroAdamState* zero_state(const std::string& model_id);

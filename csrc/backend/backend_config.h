@@ -14,9 +14,12 @@ struct BackendConfig {
   int64_t logprobs_chunk_tokens = 1024;  // rows of [tokens, vocab] logits materialised at once
   uint64_t seed = 0;
   int64_t max_full_models = 1;              // full fine-tuning copies (lora_rank = 0) live at once
-  int64_t train_micro_batch_tokens = 8192;  // padded tokens per forward/backward micro-batch
+  int64_t train_micro_batch_tokens = 8192;  // tokens per forward/backward micro-batch (padding included)
   int64_t train_micro_batch_size = 0;       // at most this many sequences per micro-batch too (the seed key); 0: any
   bool gradient_checkpointing = false;      // recompute layer activations in backward to save memory
+  // Micro-batches of mixed lengths pack their sequences back to back in one row (varlen attention, no padding);
+  // false: one right-padded row per sequence (batching/packing.h).
+  bool train_packed_sequences = true;
   int64_t max_sampling_sequences = 16;      // sequences decoding at once (KV cache rows)
   int64_t max_sampling_length = 2048;       // prompt + completion tokens per sampled sequence
   // On a GPU, > 0: the KV cache gets the rows that fit in this fraction of the device's memory after the weights

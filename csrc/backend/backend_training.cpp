@@ -277,7 +277,7 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
     }
     if (row_ids.empty()) continue;
     for (auto& micro : batching::plan_micro_batches(rows, row_ids, config_.train_micro_batch_tokens,
-                                                    config_.train_micro_batch_size)) {
+                                                    config_.train_micro_batch_size, training_layout())) {
       micro_batches.emplace_back(model, std::move(micro));
     }
   }
@@ -294,7 +294,7 @@ std::vector<batching::TrainResult> Backend::run_requests(const std::vector<batch
       slots.push_back(request_slot[rows[id].request]);
     }
     auto [batch, inputs] = batching::pack_training_rows(batch_rows, slots, model_config().vocab_size,
-                                                        model->options().device);
+                                                        model->options().device, training_layout());
     MicroBatchOutput out = run_micro_batch(*model, batch, inputs, options);
     fault_injection::after_micro_batch(micro_index++);
     std::vector<at::Tensor> logprobs = batching::unpack_tokens(out.logprobs.to(at::kCPU), batch);

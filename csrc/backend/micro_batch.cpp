@@ -49,7 +49,7 @@ MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidde
   // span chunks: a no-grad pass over the head first (only for such batches); forward reuses its logprobs.
   // A custom loss needs its whole datum's logprobs the same way.
   std::vector<at::Tensor> pre_pass;
-  std::vector<std::vector<double>> custom_values(batch.input_ids.size(0));
+  std::vector<std::vector<double>> custom_values(batch.lengths.size());
   if (inputs.has_sequence_losses || !inputs.custom_rows.empty()) {
     {
       c10::NoGradGuard no_grad;
@@ -58,7 +58,8 @@ MicroBatchOutput run_head(const models::CausalLM& model, const at::Tensor& hidde
     }
     const at::Tensor all = at::cat(pre_pass);  // [N]
     if (inputs.has_sequence_losses)
-      inputs.seq_log_ratio = loss::sequence_log_ratio(all, inputs, batch.input_ids.size(1));
+      inputs.seq_log_ratio = loss::sequence_log_ratio(all, inputs, batch.token_request,
+                                                      static_cast<int64_t>(batch.lengths.size()));
     if (!inputs.custom_rows.empty()) inputs.custom_grad = custom_gradients(all, inputs, custom_values);
   }
   std::vector<at::Tensor> logprobs, losses;

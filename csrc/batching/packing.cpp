@@ -1,4 +1,5 @@
-// Ragged token sequences → one right-padded batch sorted by adapter slot, with masks and positions.
+// Ragged token sequences → one batch sorted by adapter slot (right-padded rows, or packed back to back), with
+// positions, the attention layout and adapter segments.
 #include "batching/packing.h"
 
 #include <algorithm>
@@ -23,13 +24,14 @@ void check_tokens(const char* field, size_t index, const at::Tensor& t, int64_t 
 }  // namespace
 
 PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-                           const std::vector<int64_t>& slots, int64_t vocab_size, at::Device device) {
+                           const std::vector<int64_t>& slots, int64_t vocab_size, at::Device device,
+                           RowLayout layout) {
   const size_t n = inputs.size();
   SKYRL_TX_CHECK(n > 0, InvalidArgument, "batch: no sequences given");
   SKYRL_TX_CHECK(targets.size() == n && slots.size() == n, InvalidArgument, "batch: got ", n, " inputs, ",
                  targets.size(), " targets and ", slots.size(), " adapters; they must match one to one");
   PackedBatch batch;
-  int64_t max_len = 0;
+  int64_t max_len = 0, total = 0;
   for (size_t i = 0; i < n; ++i) {
     check_tokens("input_tokens", i, inputs[i], vocab_size);
     check_tokens("target_tokens", i, targets[i], vocab_size);
@@ -38,31 +40,55 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
                    inputs[i].numel(), " input tokens but ", targets[i].numel(), " targets; they must be equal");
     batch.lengths.push_back(inputs[i].numel());
     max_len = std::max(max_len, inputs[i].numel());
+    total += inputs[i].numel();
   }
-  // order[r] = request placed in packed row r (stable sort keeps request order within an adapter).
+  // Equal lengths leave nothing to pack away: padded rows are then the same tokens, in one batched attention call.
+  const bool packed = layout == RowLayout::kPacked && total != max_len * static_cast<int64_t>(n);
+  // order[r] = request placed r-th (stable sort keeps request order within an adapter).
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return slots[a] < slots[b]; });
 
-  const auto B = static_cast<int64_t>(n);
-  at::Tensor ids = at::zeros({B, max_len}, at::kLong);    // [B, T]
-  at::Tensor tgt = at::zeros({B, max_len}, at::kLong);    // [B, T]
-  at::Tensor valid = at::zeros({B, max_len}, at::kBool);  // [B, T]
-  std::vector<int64_t> row_slots(n);
+  const int64_t B = packed ? 1 : static_cast<int64_t>(n), T = packed ? total : max_len;
+  at::Tensor ids = at::zeros({B * T}, at::kLong);        // [B * T]
+  at::Tensor tgt = at::zeros({B * T}, at::kLong);        // [B * T]
+  at::Tensor valid = at::zeros({B * T}, at::kBool);      // [B * T]
+  at::Tensor positions = at::arange(T, at::kLong).repeat({B});  // [B * T]; packed: restarted per sequence below
+  at::Tensor owner = at::empty({B * T}, at::kLong);      // [B * T], token_request
+  std::vector<int64_t> row_slots, starts;
   batch.packed_row.resize(n);
-  for (int64_t row = 0; row < B; ++row) {
-    const int64_t req = order[row];
-    const int64_t len = batch.lengths[req];
-    ids[row].narrow(0, 0, len).copy_(inputs[req]);
-    tgt[row].narrow(0, 0, len).copy_(targets[req]);
-    valid[row].narrow(0, 0, len).fill_(true);
-    row_slots[row] = slots[req];
-    batch.packed_row[req] = row;
+  batch.token_offset.resize(n);
+  int64_t offset = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const int64_t req = order[r], len = batch.lengths[req];
+    batch.packed_row[req] = packed ? 0 : static_cast<int64_t>(r);
+    batch.token_offset[req] = offset;
+    ids.narrow(0, offset, len).copy_(inputs[req]);
+    tgt.narrow(0, offset, len).copy_(targets[req]);
+    valid.narrow(0, offset, len).fill_(true);
+    owner.narrow(0, offset, packed ? len : T).fill_(req);
+    if (packed) {
+      positions.narrow(0, offset, len).copy_(at::arange(len, at::kLong));
+      starts.push_back(offset);
+    }
+    row_slots.push_back(slots[req]);
+    offset += packed ? len : T;
   }
-  batch.input_ids = ids.to(device);
-  batch.target_ids = tgt.to(device);
-  batch.valid = valid.to(device);
-  batch.positions = at::arange(max_len, at::TensorOptions().dtype(at::kLong).device(device)).expand({B, max_len});
+  batch.input_ids = ids.view({B, T}).to(device);
+  batch.target_ids = tgt.view({B, T}).to(device);
+  batch.valid = valid.view({B, T}).to(device);
+  batch.positions = positions.view({B, T}).to(device);
+  batch.token_request = owner.to(device);
+  if (packed) {
+    starts.push_back(total);
+    batch.mask.sequence_starts = starts;
+    batch.mask.cu_seqlens = at::tensor(starts, at::kLong).to(at::kInt).to(device);  // [S + 1]
+    batch.mask.max_sequence_length = max_len;
+    std::vector<int64_t> sorted_lengths;
+    for (int64_t req : order) sorted_lengths.push_back(batch.lengths[req]);
+    batch.segments = lora::AdapterSegments::from_sorted_lengths(row_slots, sorted_lengths);
+    return batch;
+  }
   // No padding mask: rows are right-padded, so a real query (position t < len) already sees only real keys under
   // the causal mask, and padded positions feed nothing real (their keys are later than every real query; their
   // outputs and gradients are dropped: zero loss weight). A [B, 1, T, T] mask would cost B * T^2 bytes, and it keeps
@@ -72,13 +98,9 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
 }
 
 std::vector<at::Tensor> unpack_tokens(const at::Tensor& flat, const PackedBatch& batch) {
-  const int64_t max_len = batch.input_ids.size(1);
-  at::Tensor rows = flat.view({-1, max_len});  // [B, T]
   std::vector<at::Tensor> out;
   out.reserve(batch.lengths.size());
-  for (size_t i = 0; i < batch.lengths.size(); ++i) {
-    out.push_back(rows[batch.packed_row[i]].narrow(0, 0, batch.lengths[i]));
-  }
+  for (size_t i = 0; i < batch.lengths.size(); ++i) out.push_back(flat.narrow(0, batch.token_offset[i], batch.lengths[i]));
   return out;
 }
 

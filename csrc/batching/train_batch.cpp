@@ -115,65 +115,69 @@ std::vector<TrainRow> validate_requests(const std::vector<TrainRequest>& request
 
 std::vector<std::vector<size_t>> plan_micro_batches(const std::vector<TrainRow>& rows,
                                                     const std::vector<size_t>& row_ids, int64_t token_budget,
-                                                    int64_t max_rows) {
+                                                    int64_t max_rows, RowLayout layout) {
   std::vector<size_t> order = row_ids;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a].length() > rows[b].length(); });
   std::vector<std::vector<size_t>> batches;
-  int64_t longest = 0;  // rows arrive longest first, so a batch's padded length is its first row's
+  // Padded: rows arrive longest first, so a batch's padded length is its first row's. Packed: tokens add up.
+  int64_t longest = 0, tokens = 0;
   for (size_t id : order) {
     const int64_t next_rows = batches.empty() ? 0 : static_cast<int64_t>(batches.back().size()) + 1;
-    if (batches.empty() || next_rows * longest > token_budget || (max_rows > 0 && next_rows > max_rows)) {
+    const int64_t next_tokens = layout == RowLayout::kPacked ? tokens + rows[id].length() : next_rows * longest;
+    if (batches.empty() || next_tokens > token_budget || (max_rows > 0 && next_rows > max_rows)) {
       batches.emplace_back();
       longest = rows[id].length();
+      tokens = 0;
     }
     batches.back().push_back(id);
+    tokens += rows[id].length();
   }
   return batches;
 }
 
 std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<const TrainRow*>& rows,
                                                             const std::vector<int64_t>& slots, int64_t vocab_size,
-                                                            at::Device device) {
+                                                            at::Device device, RowLayout layout) {
   std::vector<at::Tensor> inputs, targets;
   for (const TrainRow* row : rows) {
     inputs.push_back(row->input_tokens);
     targets.push_back(row->target_tokens);
   }
-  PackedBatch batch = pack_sequences(inputs, targets, slots, vocab_size, device);
-  const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
+  PackedBatch batch = pack_sequences(inputs, targets, slots, vocab_size, device, layout);
+  const int64_t N = batch.input_ids.numel();
   auto fopts = at::TensorOptions().dtype(at::kFloat);
-  // All [B, T] on the host first, filled row by row at each request's packed row, then moved once.
-  at::Tensor kind = at::zeros({B, T}, at::kLong);
-  at::Tensor w = at::zeros({B, T}, fopts), q = at::zeros({B, T}, fopts), adv = at::zeros({B, T}, fopts);
-  at::Tensor lo = at::zeros({B, T}, fopts), hi = at::zeros({B, T}, fopts), beta = at::zeros({B, T}, fopts);
-  at::Tensor ratio_mask = at::zeros({B, T}, fopts);
+  // All [N] (the flattened batch) on the host first, filled at each request's tokens, then moved once.
+  at::Tensor kind = at::zeros({N}, at::kLong);
+  at::Tensor w = at::zeros({N}, fopts), q = at::zeros({N}, fopts), adv = at::zeros({N}, fopts);
+  at::Tensor lo = at::zeros({N}, fopts), hi = at::zeros({N}, fopts), beta = at::zeros({N}, fopts);
+  at::Tensor ratio_mask = at::zeros({N}, fopts);
   bool has_sequence_losses = false;
   std::vector<loss::CustomLossRow> custom_rows;
   for (size_t i = 0; i < rows.size(); ++i) {
     const TrainRow& row = *rows[i];
-    const int64_t p = batch.packed_row[i], n = row.length();
+    const int64_t begin = batch.token_offset[i], n = row.length();
     if (row.custom != nullptr) {
       std::vector<at::Tensor> on_device;
       for (const at::Tensor& t : row.custom_inputs) on_device.push_back(t.to(device));
-      custom_rows.push_back({p * T, n, i, row.custom, std::move(on_device)});
+      custom_rows.push_back({begin, n, i, row.custom, std::move(on_device)});
     }
-    kind[p].fill_(static_cast<int64_t>(row.kind));
-    w[p].narrow(0, 0, n).copy_(row.weights);
-    q[p].narrow(0, 0, n).copy_(row.sampling_logprobs);
-    adv[p].narrow(0, 0, n).copy_(row.advantages);
-    lo[p].narrow(0, 0, n).copy_(row.clip_low);
-    hi[p].narrow(0, 0, n).copy_(row.clip_high);
-    beta[p].fill_(row.beta);
+    kind.narrow(0, begin, n).fill_(static_cast<int64_t>(row.kind));
+    w.narrow(0, begin, n).copy_(row.weights);
+    q.narrow(0, begin, n).copy_(row.sampling_logprobs);
+    adv.narrow(0, begin, n).copy_(row.advantages);
+    lo.narrow(0, begin, n).copy_(row.clip_low);
+    hi.narrow(0, begin, n).copy_(row.clip_high);
+    beta.narrow(0, begin, n).fill_(row.beta);
     if (row.ratio_mask.defined()) {
-      ratio_mask[p].narrow(0, 0, n).copy_(row.ratio_mask);
+      ratio_mask.narrow(0, begin, n).copy_(row.ratio_mask);
       has_sequence_losses = true;
     }
   }
-  auto flat = [&](const at::Tensor& t) { return t.reshape({-1}).to(device); };
+  auto to_device = [&](const at::Tensor& t) { return t.to(device); };
   // seq_log_ratio needs the model's logprobs: the micro-batch runner fills it (loss::sequence_log_ratio).
-  loss::LossInputs in{flat(kind), batch.valid.reshape({-1}), flat(w), flat(q), flat(adv), flat(lo), flat(hi),
-                      flat(beta), flat(ratio_mask), at::Tensor(), has_sequence_losses, at::Tensor(),
-                      std::move(custom_rows)};
+  loss::LossInputs in{to_device(kind), batch.valid.reshape({-1}), to_device(w), to_device(q), to_device(adv),
+                      to_device(lo), to_device(hi), to_device(beta), to_device(ratio_mask), at::Tensor(),
+                      has_sequence_losses, at::Tensor(), std::move(custom_rows)};
   return {std::move(batch), std::move(in)};
 }
 

@@ -55,17 +55,19 @@ struct TrainRow {
 /// flattens its data into rows. Throws InvalidArgument naming the request, datum and key.
 std::vector<TrainRow> validate_requests(const std::vector<TrainRequest>& requests);
 
-/// Splits row indices into micro-batches whose padded size (rows × longest row) stays within
-/// `token_budget`, and of at most `max_rows` rows (0: no row limit); a single longer row gets a micro-batch of its
-/// own. Longest rows first.
+/// Splits row indices into micro-batches whose size stays within `token_budget` (padded: rows × longest row;
+/// packed: the rows' tokens), and of at most `max_rows` rows (0: no row limit); a single longer row gets a
+/// micro-batch of its own. Longest rows first.
 std::vector<std::vector<size_t>> plan_micro_batches(const std::vector<TrainRow>& rows,
                                                     const std::vector<size_t>& row_ids, int64_t token_budget,
-                                                    int64_t max_rows = 0);
+                                                    int64_t max_rows = 0, RowLayout layout = RowLayout::kPadded);
 
-/// Packs rows (with their adapter slots) into a padded batch plus flat [B * T] per-token loss inputs.
+/// Packs rows (with their adapter slots) into a batch (pack_sequences' layout) plus flat [B * T] per-token loss
+/// inputs.
 std::pair<PackedBatch, loss::LossInputs> pack_training_rows(const std::vector<const TrainRow*>& rows,
                                                             const std::vector<int64_t>& slots, int64_t vocab_size,
-                                                            at::Device device);
+                                                            at::Device device,
+                                                            RowLayout layout = RowLayout::kPadded);
 
 /// The per-token inputs restricted to flattened tokens [begin, begin + length).
 loss::LossInputs slice_inputs(const loss::LossInputs& inputs, int64_t begin, int64_t length);

@@ -132,6 +132,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("expert_parallel_size", &BackendConfig::expert_parallel_size)
       .def_readwrite("grouped_expert_gemm", &BackendConfig::grouped_expert_gemm)
       .def_readwrite("gradient_checkpointing", &BackendConfig::gradient_checkpointing)
+      .def_readwrite("train_packed_sequences", &BackendConfig::train_packed_sequences)
       .def_readwrite("max_sampling_sequences", &BackendConfig::max_sampling_sequences)
       .def_readwrite("max_sampling_length", &BackendConfig::max_sampling_length)
       .def_readwrite("gpu_memory_utilization", &BackendConfig::gpu_memory_utilization)

@@ -8,16 +8,23 @@
 namespace skyrl_tx::lora {
 
 AdapterSegments AdapterSegments::from_sorted_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row) {
+  return from_sorted_lengths(slot_per_row, std::vector<int64_t>(slot_per_row.size(), tokens_per_row));
+}
+
+AdapterSegments AdapterSegments::from_sorted_lengths(const std::vector<int64_t>& slot_per_sequence,
+                                                     const std::vector<int64_t>& lengths) {
+  SKYRL_TX_INTERNAL_ASSERT(slot_per_sequence.size() == lengths.size(), "one length per sequence");
   std::vector<Segment> segments;
-  for (size_t row = 0; row < slot_per_row.size(); ++row) {
-    const int64_t slot = slot_per_row[row];
-    const int64_t begin = static_cast<int64_t>(row) * tokens_per_row;
+  int64_t begin = 0;
+  for (size_t i = 0; i < slot_per_sequence.size(); ++i) {
+    const int64_t slot = slot_per_sequence[i];
     if (!segments.empty() && segments.back().slot == slot) {
-      segments.back().length += tokens_per_row;
-      continue;
+      segments.back().length += lengths[i];
+    } else {
+      SKYRL_TX_INTERNAL_ASSERT(segments.empty() || segments.back().slot < slot, "rows must be sorted by slot");
+      segments.push_back({slot, begin, lengths[i]});
     }
-    SKYRL_TX_INTERNAL_ASSERT(segments.empty() || segments.back().slot < slot, "rows must be sorted by slot");
-    segments.push_back({slot, begin, tokens_per_row});
+    begin += lengths[i];
   }
   return AdapterSegments(std::move(segments));
 }

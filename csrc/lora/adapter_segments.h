@@ -23,6 +23,9 @@ class AdapterSegments {
 
   /// slot_per_row must already be sorted (non-decreasing); each row holds `tokens_per_row` tokens.
   static AdapterSegments from_sorted_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
+  /// Sequences laid back to back (packed rows), sorted by slot; sequence i holds lengths[i] tokens.
+  static AdapterSegments from_sorted_lengths(const std::vector<int64_t>& slot_per_sequence,
+                                             const std::vector<int64_t>& lengths);
   /// Any row order: adjacent rows with the same slot merge; a slot may own several segments.
   static AdapterSegments from_rows(const std::vector<int64_t>& slot_per_row, int64_t tokens_per_row);
   /// All `num_tokens` rows use one slot.

@@ -133,15 +133,16 @@ at::Tensor elementwise_loss(const at::Tensor& lp, const LossInputs& in) {
   return at::where(in.valid, loss, at::zeros_like(loss));
 }
 
-at::Tensor sequence_log_ratio(const at::Tensor& lp, const LossInputs& in, int64_t row_length) {
-  // [rows, T]: one datum per packed row, so a row sum is a datum sum. Padding has mask 0.
-  at::Tensor mask = (in.ratio_mask != 0).logical_and(in.valid).to(at::kFloat).view({-1, row_length});
-  at::Tensor diff = (lp.detach() - in.sampling_logprobs).view({-1, row_length});
-  at::Tensor count = mask.sum(1, /*keepdim=*/true);                                   // [rows, 1]
+at::Tensor sequence_log_ratio(const at::Tensor& lp, const LossInputs& in, const at::Tensor& token_datum,
+                              int64_t num_data) {
+  at::Tensor mask = (in.ratio_mask != 0).logical_and(in.valid).to(at::kFloat);  // [N]; padding has mask 0
+  at::Tensor diff = lp.detach() - in.sampling_logprobs;                           // [N]
   // where(), not a product: a non-finite lp − q on a token outside M stays out of the sum.
-  at::Tensor total = at::where(mask > 0, diff, at::zeros_like(diff)).sum(1, /*keepdim=*/true);
-  at::Tensor mean = at::where(count > 0, total / count.clamp_min(1.0), at::zeros_like(total));  // [rows, 1]
-  return mean.expand({-1, row_length}).reshape({-1});
+  at::Tensor masked = at::where(mask > 0, diff, at::zeros_like(diff));
+  at::Tensor total = at::zeros({num_data}, diff.options()).index_add_(0, token_datum, masked);  // [data]
+  at::Tensor count = at::zeros({num_data}, diff.options()).index_add_(0, token_datum, mask);    // [data]
+  at::Tensor mean = at::where(count > 0, total / count.clamp_min(1.0), at::zeros_like(total));  // [data]
+  return mean.index_select(0, token_datum);  // [N]
 }
 
 }  // namespace skyrl_tx::loss

@@ -81,8 +81,10 @@ struct LossInputs {
 at::Tensor elementwise_loss(const at::Tensor& lp, const LossInputs& in);
 
 /// GSPO's per-datum sequence log-ratio S = mean over the datum's ratio_mask tokens of (lp − q), detached, and
-/// copied onto every token of the datum: [N] float32 (0 for rows whose mask is empty, e.g. non-gspo rows).
-/// `lp` and `in` cover whole packed rows of `row_length` tokens each (one datum per row), N = rows × row_length.
-at::Tensor sequence_log_ratio(const at::Tensor& lp, const LossInputs& in, int64_t row_length);
+/// copied onto every token of the datum: [N] float32 (0 for data whose mask is empty, e.g. non-gspo rows).
+/// token_datum: int64 [N], the datum (in [0, num_data)) each token belongs to (batching::PackedBatch::token_request;
+/// padding may name any datum: `valid` keeps it out).
+at::Tensor sequence_log_ratio(const at::Tensor& lp, const LossInputs& in, const at::Tensor& token_datum,
+                              int64_t num_data);
 
 }  // namespace skyrl_tx::loss

@@ -3,6 +3,7 @@
 #include "models/gated_deltanet.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "common/errors.h"
@@ -153,11 +154,26 @@ at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, 
 }
 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/, const at::Tensor& /*sin*/,
-                                  const AttentionMask& /*mask*/, const lora::AdapterSegments& segments,
+                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                   const KvCacheView* cache, int64_t layer) const {
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no recurrent cache");
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
-  at::Tensor mixed = conv(in_proj_qkv_.forward(flat, segments).view({batch, seq, -1}), cache, layer);
+  at::Tensor qkv = in_proj_qkv_.forward(flat, segments).view({batch, seq, -1});  // [B, T, conv_dim]
+  // Packed sequences: each one's conv window and delta-rule state start from zeros at its first token, exactly as
+  // if it ran alone (the conv's left padding, the rule's zero initial state); nothing carries across a boundary.
+  // What is token-wise (the projections, the norm) runs once over the whole row.
+  const std::vector<int64_t>& starts = mask.sequence_starts;
+  auto per_sequence = [&](const std::function<at::Tensor(int64_t, int64_t)>& run) {  // outputs joined on dim 1
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i + 1 < starts.size(); ++i) parts.push_back(run(starts[i], starts[i + 1] - starts[i]));
+    return at::cat(parts, 1);
+  };
+  at::Tensor mixed = mask.packed()
+                         ? per_sequence([&](int64_t begin, int64_t len) {
+                             return conv(qkv.narrow(1, begin, len), nullptr, layer);
+                           })
+                         : conv(qkv, cache, layer);  // [B, T, conv_dim]
   const int64_t qk_width = key_heads_ * key_dim_;
   at::Tensor q = mixed.narrow(-1, 0, qk_width).reshape({batch, seq, key_heads_, key_dim_});
   at::Tensor k = mixed.narrow(-1, qk_width, qk_width).reshape({batch, seq, key_heads_, key_dim_});
@@ -179,6 +195,12 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
     core = out;
     at::Tensor states = cache->recurrent_states->at(layer);
     states.index_copy_(0, cache->rows, state);
+  } else if (mask.packed()) {
+    core = per_sequence([&](int64_t begin, int64_t len) {
+      return chunk_gated_delta_rule(q.narrow(1, begin, len), k.narrow(1, begin, len), v.narrow(1, begin, len),
+                                    g.narrow(1, begin, len), beta.narrow(1, begin, len), kChunkSize, at::Tensor())
+          .first;
+    });
   } else {
     core = chunk_gated_delta_rule(q, k, v, g, beta, kChunkSize, at::Tensor()).first;
   }

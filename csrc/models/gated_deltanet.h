@@ -51,8 +51,9 @@ class GatedDeltaNet : public AttentionModule {
   /// HF names under `prefix` (e.g. "model.layers.0.linear_attn"): in_proj_qkv, in_proj_z, in_proj_b, in_proj_a,
   /// out_proj (LoRA-capable), conv1d.weight [conv_dim, 1, kernel], A_log [Hv], dt_bias [Hv], norm.weight [Dv].
   GatedDeltaNet(const ModelConfig& config, BuildContext& ctx, const std::string& prefix);
-  /// x: [B, T, hidden] → [B, T, hidden]; cos/sin and `mask` are unused (causal by construction; right padding
-  /// never reaches an earlier real token). `cache`/`layer`: generation only.
+  /// x: [B, T, hidden] → [B, T, hidden]; cos/sin are unused, and of `mask` only a packed row's sequence starts,
+  /// where the conv and the state restart (causal by construction; right padding never reaches an earlier real
+  /// token). `cache`/`layer`: generation only.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMask& mask,
                      const lora::AdapterSegments& segments, const KvCacheView* cache = nullptr,
                      int64_t layer = 0) const override;

@@ -8,6 +8,7 @@
 #include "models/gated_deltanet.h"
 #include "models/mla.h"
 #include "models/moe.h"
+#include "models/packed_attention.h"
 #include "models/rope.h"
 #include "ops/fused_rmsnorm.h"
 #include "ops/rmsnorm_cpu.h"
@@ -87,6 +88,7 @@ Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::st
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const AttentionMask& mask, const lora::AdapterSegments& segments,
                               const KvCacheView* cache, int64_t layer) const {
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no KV cache");
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
   // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
@@ -136,8 +138,9 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   const bool causal = !attn_mask.has_value();
   // attn: [B, heads, T, D]; enable_gqa lets SDPA broadcast kv heads without materialising repeats.
-  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
-                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  at::Tensor attn = mask.packed() ? packed_causal_attention(q, k, v, mask, scale)
+                                  : at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
+                                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
   if (gated_) merged = merged * at::sigmoid(gate);
   at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]

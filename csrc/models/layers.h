@@ -66,8 +66,15 @@ class RmsNorm {
 
 /// Which keys a query attends: undefined `mask` is causal (SDPA's is_causal fast path; right-padded training and
 /// prefill batches need no more), else a bool [B, 1, T, T] (or [B, 1, T, L] against a KV cache), true = may attend.
+/// Packed sequences (batching::RowLayout::kPacked, no KV cache): one row holding several sequences back to back,
+/// each attending causally within itself only (varlen attention; models/packed_attention.h). Token mixers with a
+/// recurrent state (Gated DeltaNet) restart it at each start too.
 struct AttentionMask {
   at::Tensor mask;
+  std::vector<int64_t> sequence_starts;  // packed: each sequence's first token, then the total (cu_seqlens); else empty
+  at::Tensor cu_seqlens;                 // packed: the same, int32 [S + 1] on the model's device (flash varlen)
+  int64_t max_sequence_length = 0;       // packed: the longest sequence
+  bool packed() const { return !sequence_starts.empty(); }
 };
 
 /// Generation: where attention writes this batch's K/V and, when decoding, reads the past from.

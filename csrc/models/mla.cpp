@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "models/packed_attention.h"
 #include "models/rope.h"
 
 namespace skyrl_tx::models {
@@ -83,6 +84,7 @@ std::pair<at::Tensor, at::Tensor> MlaAttention::expand(const at::Tensor& latent,
 at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no KV cache");
   const int64_t batch = x.size(0), seq = x.size(1);
   // [N, hidden]; its gradient sums every rank's (each one's heads' share, through the whole q_a / kv_a path too)
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));
@@ -126,7 +128,8 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
   }
   const bool causal = !attn_mask.has_value();
   // [B, heads, T, v]; V is narrower than Q and K, which SDPA allows.
-  at::Tensor attn = at::scaled_dot_product_attention(query, k, v, attn_mask, 0.0, causal, scale_);
+  at::Tensor attn = mask.packed() ? packed_causal_attention(query, k, v, mask, scale_)
+                                  : at::scaled_dot_product_attention(query, k, v, attn_mask, 0.0, causal, scale_);
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, heads_ * v_dim_});
   at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]
   if (o_bias_.defined()) out = out + o_bias_;

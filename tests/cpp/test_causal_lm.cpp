@@ -35,14 +35,16 @@ at::Tensor hidden_alone(const CausalLM& model, const at::Tensor& ids, int64_t sl
                              lora::AdapterSegments::uniform(slot, t));
 }
 
-// A padded batch through pack_sequences; returns each request's [len, hidden] rows in request order.
+// A batch through pack_sequences (padded rows, or packed back to back); returns each request's [len, hidden] rows
+// in request order.
 std::vector<at::Tensor> hidden_batched(const CausalLM& model, const std::vector<at::Tensor>& seqs,
-                                       const std::vector<int64_t>& slots) {
-  batching::PackedBatch b = batching::pack_sequences(seqs, seqs, slots, model.config().vocab_size, at::kCPU);
+                                       const std::vector<int64_t>& slots,
+                                       batching::RowLayout layout = batching::RowLayout::kPadded) {
+  batching::PackedBatch b = batching::pack_sequences(seqs, seqs, slots, model.config().vocab_size, at::kCPU, layout);
+  EXPECT_EQ(b.packed(), layout == batching::RowLayout::kPacked);
   at::Tensor h = model.hidden_states(b.input_ids, b.positions, b.mask, b.segments);  // [B * T, hidden]
-  at::Tensor rows = h.view({b.input_ids.size(0), b.input_ids.size(1), -1});
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < seqs.size(); ++i) out.push_back(rows[b.packed_row[i]].narrow(0, 0, b.lengths[i]));
+  for (size_t i = 0; i < seqs.size(); ++i) out.push_back(h.narrow(0, b.token_offset[i], b.lengths[i]));
   return out;
 }
 
@@ -80,6 +82,20 @@ TEST_P(CausalLMTest, PaddedBatchRowsEqualRowsAlone) {
   // A row's result does not depend on what it is batched with.
   std::vector<at::Tensor> pair = hidden_batched(*model_, {seqs_[2], seqs_[3]}, {0, 0});
   EXPECT_TENSOR_CLOSE(pair[0], batched[2], 1e-5, 1e-5);
+}
+
+TEST_P(CausalLMTest, PackedRowEqualsRowsAlone) {
+  // Sequences back to back in one row attend only within themselves, under their own adapters.
+  for (const auto& m : model_->lora_modules()) {
+    m.module->enable_slot(1, 2, 0.5, make_gen(19));
+    m.module->set_factors(1, randn({2, m.module->in_features()}, gen_, 0.2),
+                          randn({m.module->out_features(), 2}, gen_, 0.2));
+  }
+  const std::vector<int64_t> slots = {1, 0, 1, 0};
+  std::vector<at::Tensor> packed = hidden_batched(*model_, seqs_, slots, batching::RowLayout::kPacked);
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    EXPECT_TENSOR_CLOSE(packed[i], hidden_alone(*model_, seqs_[i], slots[i]), 1e-5, 1e-5) << "request " << i;
+  }
 }
 
 TEST_P(CausalLMTest, FreshAdapterEqualsBaseAndTrainedAdapterMatchesReference) {

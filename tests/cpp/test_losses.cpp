@@ -273,6 +273,9 @@ GspoBatch gspo_batch(uint64_t seed) {
   return {in, lp};
 }
 
+// The datum of each of gspo_batch's tokens: two padded rows of five.
+at::Tensor two_rows_of_five() { return at::arange(2, at::kLong).repeat_interleave(5); }
+
 TEST(LossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
   GspoBatch b = gspo_batch(70);
   at::Tensor diff = b.lp - b.in.sampling_logprobs;
@@ -280,17 +283,30 @@ TEST(LossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
   const double s1 = diff.narrow(0, 5, 3).mean().item<double>();  // tokens 8, 9 are padding
   at::Tensor expected = at::tensor({s0, s0, s0, s0, s0, s1, s1, s1, s1, s1}, at::kFloat);
   at::Tensor lp = b.lp.clone().requires_grad_(true);
-  at::Tensor got = sequence_log_ratio(lp, b.in, 5);
+  at::Tensor got = sequence_log_ratio(lp, b.in, two_rows_of_five(), 2);
   EXPECT_TENSOR_CLOSE(got, expected, 1e-6, 1e-6);
   EXPECT_FALSE(got.requires_grad()) << "the sequence ratio's value is a constant of the backward";
   // A datum with no masked token gets S = 0 (ratio 1), not NaN.
   b.in.ratio_mask = at::zeros({10}, at::kFloat);
-  EXPECT_TENSOR_EQ(sequence_log_ratio(b.lp, b.in, 5), at::zeros({10}, at::kFloat));
+  EXPECT_TENSOR_EQ(sequence_log_ratio(b.lp, b.in, two_rows_of_five(), 2), at::zeros({10}, at::kFloat));
+}
+
+TEST(LossTest, SequenceLogRatioFollowsPackedDatumBoundaries) {
+  // Packed sequences: data of 3 and 7 tokens back to back, no padding; each datum's mean is over its own tokens.
+  GspoBatch b = gspo_batch(72);
+  b.in.valid = at::ones({10}, at::kBool);
+  at::Tensor owner = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, at::kLong);
+  at::Tensor diff = b.lp - b.in.sampling_logprobs;
+  at::Tensor m = (b.in.ratio_mask != 0).to(at::kFloat);
+  const double s0 = (diff.narrow(0, 0, 3) * m.narrow(0, 0, 3)).sum().item<double>() / m.narrow(0, 0, 3).sum().item<double>();
+  const double s1 = (diff.narrow(0, 3, 7) * m.narrow(0, 3, 7)).sum().item<double>() / m.narrow(0, 3, 7).sum().item<double>();
+  at::Tensor expected = at::cat({at::full({3}, s0, at::kFloat), at::full({7}, s1, at::kFloat)});
+  EXPECT_TENSOR_CLOSE(sequence_log_ratio(b.lp, b.in, owner, 2), expected, 1e-6, 1e-6);
 }
 
 TEST(LossTest, GspoTokensShareTheSequenceRatioAndKeepTheirOwnGradient) {
   GspoBatch b = gspo_batch(71);
-  b.in.seq_log_ratio = sequence_log_ratio(b.lp, b.in, 5);
+  b.in.seq_log_ratio = sequence_log_ratio(b.lp, b.in, two_rows_of_five(), 2);
   b.in.clip_low.fill_(0.0), b.in.clip_high.fill_(100.0);  // nothing clipped: the plain GSPO-token gradient
   at::Tensor lp = b.lp.clone().requires_grad_(true);
   at::Tensor loss = elementwise_loss(lp, b.in);

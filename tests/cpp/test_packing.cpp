@@ -97,6 +97,57 @@ TEST_F(PackingTest, UnpackIsTheInverse) {
   EXPECT_TENSOR_EQ(out[1], at::arange(0, 5, at::kFloat));    // req 1 → packed row 0
 }
 
+TEST_F(PackingTest, PackedLayoutPutsSequencesBackToBackBySlot) {
+  PackedBatch b = pack_sequences(inputs_, targets_, slots_, 100, at::kCPU, RowLayout::kPacked);
+  ASSERT_TRUE(b.packed());
+  ASSERT_EQ(b.input_ids.sizes(), at::IntArrayRef({1, 14}));  // 3 + 5 + 2 + 4 tokens, no padding
+  EXPECT_TRUE(b.valid.all().item<bool>());
+  // Slot order (req 1, req 3, req 0, req 2), each sequence's positions restarting at 0.
+  EXPECT_EQ(b.token_offset, (std::vector<int64_t>{9, 0, 12, 5}));
+  EXPECT_EQ(b.packed_row, (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(b.mask.sequence_starts, (std::vector<int64_t>{0, 5, 9, 12, 14}));
+  EXPECT_TENSOR_EQ(b.mask.cu_seqlens, at::tensor({0, 5, 9, 12, 14}, at::kInt));
+  EXPECT_EQ(b.mask.max_sequence_length, 5);
+  EXPECT_FALSE(b.mask.mask.defined());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const int64_t at = b.token_offset[i], len = lengths_[i];
+    EXPECT_TENSOR_EQ(b.input_ids[0].narrow(0, at, len), inputs_[i]);
+    EXPECT_TENSOR_EQ(b.target_ids[0].narrow(0, at, len), targets_[i]);
+    EXPECT_TENSOR_EQ(b.positions[0].narrow(0, at, len), at::arange(len, at::kLong));
+    EXPECT_TRUE((b.token_request.narrow(0, at, len) == static_cast<int64_t>(i)).all().item<bool>());
+  }
+  // Adapter segments follow the sequences' token counts: slot 0 [0, 5), slot 1 [5, 9), slot 2 [9, 14).
+  const auto& segs = b.segments.segments();
+  ASSERT_EQ(segs.size(), 3u);
+  EXPECT_EQ(segs[0].begin, 0);
+  EXPECT_EQ(segs[0].length, 5);
+  EXPECT_EQ(segs[1].begin, 5);
+  EXPECT_EQ(segs[1].length, 4);
+  EXPECT_EQ(segs[2].slot, 2);
+  EXPECT_EQ(segs[2].begin, 9);
+  EXPECT_EQ(segs[2].length, 5);
+  std::vector<at::Tensor> back = unpack_tokens(b.input_ids.reshape({-1}), b);
+  for (size_t i = 0; i < back.size(); ++i) EXPECT_TENSOR_EQ(back[i], inputs_[i]);
+}
+
+TEST(Packing, PackedLayoutKeepsPaddedRowsWhenLengthsAreEqual) {
+  // Equal lengths have no padding to save; one batched row per sequence runs one attention call.
+  PackedBatch b = pack_sequences({ids({1, 2}), ids({3, 4})}, {ids({2, 3}), ids({4, 5})}, {0, 0}, 10, at::kCPU,
+                                 RowLayout::kPacked);
+  EXPECT_FALSE(b.packed());
+  EXPECT_EQ(b.input_ids.sizes(), at::IntArrayRef({2, 2}));
+  EXPECT_EQ(b.token_offset, (std::vector<int64_t>{0, 2}));
+}
+
+TEST_F(PackingTest, PaddedTokensBelongToTheirRowsRequest) {
+  // sequence_log_ratio's datum index: padding names its row's request (and is masked by `valid`).
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    EXPECT_EQ(batch_.token_offset[i], batch_.packed_row[i] * 5);
+    EXPECT_TRUE((batch_.token_request.narrow(0, batch_.packed_row[i] * 5, 5) == static_cast<int64_t>(i))
+                    .all().item<bool>());
+  }
+}
+
 TEST(Packing, NoMaskWhenAllLengthsEqual) {
   PackedBatch b = pack_sequences({ids({1, 2, 3}), ids({4, 5, 6})}, {ids({2, 3, 4}), ids({5, 6, 7})}, {1, 1}, 10,
                                  at::kCPU);

@@ -1,0 +1,64 @@
+// Varlen attention over packed sequences: causal within each sequence of a packed row, never across them.
+#include "models/packed_attention.h"
+
+#ifdef SKYRL_TX_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <vector>
+
+#include "common/errors.h"
+
+namespace skyrl_tx::models {
+namespace {
+
+// Flash attention 2 (what ATen's _flash_attention_forward is) needs compute capability >= 8.0.
+bool flash_capable_device(const at::Tensor& t) {
+#ifdef SKYRL_TX_WITH_CUDA
+  if (t.is_cuda()) return at::cuda::getDeviceProperties(t.device().index())->major >= 8;
+#endif
+  (void)t;
+  return false;
+}
+
+// All sequences in one call: [N, heads, D] tensors and the cumulative starts (Dao 2023, FlashAttention-2 varlen).
+// Flash takes grouped-query K/V as they are (kv_heads dividing heads); autograd runs _flash_attention_backward.
+at::Tensor flash_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& layout,
+                        double scale) {
+  at::Tensor qf = q.select(0, 0).transpose(0, 1).contiguous();  // [N, heads, D]
+  at::Tensor kf = k.select(0, 0).transpose(0, 1).contiguous();  // [N, kv_heads, D]
+  at::Tensor vf = v.select(0, 0).transpose(0, 1).contiguous();
+  const int64_t max_len = layout.max_sequence_length;
+  auto outputs = at::_flash_attention_forward(qf, kf, vf, layout.cu_seqlens, layout.cu_seqlens, max_len, max_len,
+                                              /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false,
+                                              scale);
+  return std::get<0>(outputs).transpose(0, 1).unsqueeze(0);  // [1, heads, N, D]
+}
+
+}  // namespace
+
+bool packed_attention_uses_flash(const at::Tensor& q, const at::Tensor& v) {
+  const auto dtype = q.scalar_type();
+  const int64_t d = q.size(-1);
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && v.size(-1) == d && d % 8 == 0 && d <= 256 &&
+         flash_capable_device(q);
+}
+
+at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionMask& layout, double scale) {
+  SKYRL_TX_INTERNAL_ASSERT(layout.packed() && q.size(0) == 1, "packed attention takes one packed row");
+  if (packed_attention_uses_flash(q, v)) return flash_varlen(q, k, v, layout, scale);
+  const bool gqa = q.size(1) != k.size(1);
+  const std::vector<int64_t>& starts = layout.sequence_starts;
+  std::vector<at::Tensor> outs;  // per sequence: [1, heads, len, Dv]
+  outs.reserve(starts.size() - 1);
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t begin = starts[s], len = starts[s + 1] - starts[s];
+    outs.push_back(at::scaled_dot_product_attention(q.narrow(2, begin, len), k.narrow(2, begin, len),
+                                                    v.narrow(2, begin, len), /*attn_mask=*/std::nullopt, 0.0,
+                                                    /*is_causal=*/true, scale, gqa));
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+}
+
+}  // namespace skyrl_tx::models

@@ -1,0 +1,22 @@
+// Varlen attention over packed sequences: causal within each sequence of a packed row, never across them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "models/layers.h"
+
+namespace skyrl_tx::models {
+
+/// q: [1, heads, N, Dqk]; k: [1, kv_heads, N, Dqk]; v: [1, kv_heads, N, Dv]; N the packed row's tokens, split into
+/// sequences by layout.sequence_starts. Returns [1, heads, N, Dv]: each sequence's causal attention over its own
+/// keys only, as if it were a batch of one. CUDA half/bfloat16 with equal head dims (<= 256, a multiple of 8) runs
+/// flash attention's varlen kernel over all sequences at once; elsewhere (the CPU, float32, MLA's wider q/k) one
+/// causal SDPA call per sequence, on views of the row. Both are differentiable.
+at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionMask& layout, double scale);
+
+/// Whether packed_causal_attention takes the flash varlen kernel for these tensors (a test's and a benchmark's
+/// question: the other path is always there).
+bool packed_attention_uses_flash(const at::Tensor& q, const at::Tensor& v);
+
+}  // namespace skyrl_tx::models
