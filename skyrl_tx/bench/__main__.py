@@ -1,6 +1,7 @@
 """Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT), `... api` (API overhead),
 `... shared-cpu` (step latency beside a busy process, per thread policy), `... data-parallel` (step, collective time
-and bytes per data-parallel layout) and the other modes below."""
+and bytes per data-parallel layout), `... packing` (mixed-length training, packed against padded) and the other modes
+below."""
 
 from __future__ import annotations
 
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tx.bench.gemm_share import run_gemm_share
 
         run_gemm_share(argv[1:])
+        return
+    if argv and argv[0] == "packing":
+        from skyrl_tx.bench.packing import run_packing
+
+        run_packing(argv[1:])
         return
     if argv and argv[0] == "data-parallel":
         from skyrl_tx.bench.data_parallel import run_data_parallel
