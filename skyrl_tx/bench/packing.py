@@ -124,7 +124,8 @@ def run_packing(argv: list[str]) -> dict[str, Any]:
           f"{longest} tokens: {report['real_tokens']} real, {report['padded_tokens']} padded "
           f"({report['padding_fraction']:.0%} padding); median of {args.reps}:\n"
           f"  packed {p['step_s'] * 1e3:.1f} ms ({p['real_tokens_per_s']:.0f} tok/s), "
-          f"padded {q['step_s'] * 1e3:.1f} ms ({q['real_tokens_per_s']:.0f} tok/s): packed / padded = {report['packed_over_padded']:.3f}, faster in "
+          f"padded {q['step_s'] * 1e3:.1f} ms ({q['real_tokens_per_s']:.0f} tok/s): "
+          f"packed / padded = {report['packed_over_padded']:.3f}, faster in "
           f"{report['reps_packed_faster']} of {args.reps}", file=sys.stderr)
     print(json.dumps(report))
     return report
