@@ -1,0 +1,64 @@
+"""Packed training sequences on a GPU (GPU only): in bfloat16 the packed row runs flash attention's varlen kernel
+(aten::_flash_attention_forward, one call per layer for all sequences) and equals right-padded rows; in float32 it
+runs one SDPA call per sequence and equals them tightly. Forward (logprobs) and backward (every LoRA gradient)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from skyrl_tx.backend.native import NativeBackend
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.types import Datum, TrainRequest
+
+pytestmark = pytest.mark.gpu
+
+# Dense GQA (head_dim 16) and the hybrid family (gated attention beside Gated DeltaNet layers).
+PRESETS = ["tiny-qwen3", "tiny-qwen3.5"]
+# dtype → (logprob tolerance, gradient tolerance relative to each tensor's largest entry)
+TOLERANCES = {"bfloat16": (0.05, 0.05), "float32": (1e-4, 1e-4)}
+
+
+def _backend(path: Path, dtype: str, packed: bool) -> NativeBackend:
+    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8, device="cuda", dtype=dtype,
+                                                  train_packed_sequences=packed))
+    for i, name in enumerate(("a", "b")):
+        backend.create_model(name, lora_rank=4, alpha=8.0)
+        gen = torch.Generator().manual_seed(10 + i)
+        backend.set_adapter_weights(name, {k: torch.randn(v.shape, generator=gen) * 0.05
+                                           for k, v in sorted(backend.adapter_state_dict(name).items())})
+    return backend
+
+
+def _requests(vocab: int) -> list[TrainRequest]:
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (33, 130, 9, 65)]
+    data = [Datum(s[:-1], {"target_tokens": s[1:], "weights": [1.0] * (len(s) - 1)}) for s in seqs]
+    return [TrainRequest("a", data[:3]), TrainRequest("b", data[3:])]
+
+
+@pytest.mark.parametrize("dtype", sorted(TOLERANCES))
+@pytest.mark.parametrize("preset", PRESETS)
+def test_packed_rows_equal_padded_rows_on_cuda(tiny_model_dir, preset: str, dtype: str) -> None:
+    flash = dtype == "bfloat16" and torch.cuda.get_device_capability()[0] >= 8
+    path = tiny_model_dir(preset)
+    results = {}
+    for packed in (True, False):
+        backend = _backend(path, dtype, packed)
+        requests = _requests(backend.decoder_config.vocab_size)
+        with torch.profiler.profile() as prof:
+            out = backend.forward_backward(requests)
+        calls = sum(e.count for e in prof.key_averages() if e.key == "aten::_flash_attention_forward")
+        assert (calls > 0) == (packed and flash), (packed, dtype, calls)
+        results[packed] = (out, {m: backend.trainable_grads(m) for m in ("a", "b")})
+    lp_tol, grad_tol = TOLERANCES[dtype]
+    (out_p, grads_p), (out_q, grads_q) = results[True], results[False]
+    for got, ref in zip(out_p, out_q):
+        for a, b in zip(got.loss_fn_outputs, ref.loss_fn_outputs):
+            assert (a["logprobs"].float() - b["logprobs"].float()).abs().max().item() <= lp_tol
+    for model in ("a", "b"):
+        for name, ref in grads_q[model].items():
+            scale = ref.abs().max().item()
+            assert (grads_p[model][name].float() - ref.float()).abs().max().item() <= grad_tol * scale + 1e-6, name
