@@ -44,10 +44,15 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
   }
   // Equal lengths leave nothing to pack away: padded rows are then the same tokens, in one batched attention call.
   const bool packed = layout == RowLayout::kPacked && total != max_len * static_cast<int64_t>(n);
-  // order[r] = request placed r-th (stable sort keeps request order within an adapter).
+  // order[r] = request placed r-th: by slot (each adapter one contiguous segment); padded rows keep request order
+  // within an adapter (stable), packed sequences go longest first so equal lengths sit together (one batched call
+  // per run where the kernel loops over sequences: models/packed_attention.h).
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return slots[a] < slots[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (slots[a] != slots[b]) return slots[a] < slots[b];
+    return packed && batch.lengths[a] > batch.lengths[b];
+  });
 
   const int64_t B = packed ? 1 : static_cast<int64_t>(n), T = packed ? total : max_len;
   at::Tensor ids = at::zeros({B * T}, at::kLong);        // [B * T]

@@ -15,6 +15,7 @@ namespace skyrl_tx::batching {
 /// Packed: every sequence back to back in one row [1, total tokens], no padding, attention kept inside each sequence
 /// (AttentionMask::sequence_starts): a batch of mixed lengths does no padded work. Packing falls back to padded
 /// rows when every length is equal, since those rows have no padding and run as one batched attention call.
+/// Either way sequences are grouped by adapter slot; packed ones go longest first within a slot.
 enum class RowLayout { kPadded, kPacked };
 
 struct PackedBatch {

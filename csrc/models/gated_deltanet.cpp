@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "models/packed_attention.h"
 
 namespace skyrl_tx::models {
 namespace {
@@ -162,18 +163,21 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
   at::Tensor qkv = in_proj_qkv_.forward(flat, segments).view({batch, seq, -1});  // [B, T, conv_dim]
   // Packed sequences: each one's conv window and delta-rule state start from zeros at its first token, exactly as
   // if it ran alone (the conv's left padding, the rule's zero initial state); nothing carries across a boundary.
-  // What is token-wise (the projections, the norm) runs once over the whole row.
-  const std::vector<int64_t>& starts = mask.sequence_starts;
-  auto per_sequence = [&](const std::function<at::Tensor(int64_t, int64_t)>& run) {  // outputs joined on dim 1
+  // Each run of equal-length sequences runs as one batch ([count, len, ...] views of the row); what is token-wise
+  // (the projections, the norm) runs once over the whole row.
+  const std::vector<SequenceRun> runs = mask.packed() ? equal_length_runs(mask) : std::vector<SequenceRun>{};
+  auto per_run = [&](const std::function<at::Tensor(const SequenceRun&)>& run_one) {  // [1, N, ...] joined on dim 1
     std::vector<at::Tensor> parts;
-    for (size_t i = 0; i + 1 < starts.size(); ++i) parts.push_back(run(starts[i], starts[i + 1] - starts[i]));
-    return at::cat(parts, 1);
+    for (const SequenceRun& run : runs) parts.push_back(run_one(run).flatten(0, 1).unsqueeze(0));
+    return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
   };
-  at::Tensor mixed = mask.packed()
-                         ? per_sequence([&](int64_t begin, int64_t len) {
-                             return conv(qkv.narrow(1, begin, len), nullptr, layer);
-                           })
-                         : conv(qkv, cache, layer);  // [B, T, conv_dim]
+  // [1, N, ...] → [count, len, ...]: a run's sequences as a batch.
+  auto as_batch = [](const at::Tensor& t, const SequenceRun& run) {
+    return t.narrow(1, run.begin, run.count * run.length).squeeze(0).unflatten(0, {run.count, run.length});
+  };
+  at::Tensor mixed =
+      mask.packed() ? per_run([&](const SequenceRun& run) { return conv(as_batch(qkv, run), nullptr, layer); })
+                    : conv(qkv, cache, layer);  // [B, T, conv_dim]
   const int64_t qk_width = key_heads_ * key_dim_;
   at::Tensor q = mixed.narrow(-1, 0, qk_width).reshape({batch, seq, key_heads_, key_dim_});
   at::Tensor k = mixed.narrow(-1, qk_width, qk_width).reshape({batch, seq, key_heads_, key_dim_});
@@ -196,9 +200,9 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
     at::Tensor states = cache->recurrent_states->at(layer);
     states.index_copy_(0, cache->rows, state);
   } else if (mask.packed()) {
-    core = per_sequence([&](int64_t begin, int64_t len) {
-      return chunk_gated_delta_rule(q.narrow(1, begin, len), k.narrow(1, begin, len), v.narrow(1, begin, len),
-                                    g.narrow(1, begin, len), beta.narrow(1, begin, len), kChunkSize, at::Tensor())
+    core = per_run([&](const SequenceRun& run) {
+      return chunk_gated_delta_rule(as_batch(q, run), as_batch(k, run), as_batch(v, run), as_batch(g, run),
+                                    as_batch(beta, run), kChunkSize, at::Tensor())
           .first;
     });
   } else {

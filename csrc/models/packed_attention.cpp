@@ -49,16 +49,35 @@ at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, con
   SKYRL_TX_INTERNAL_ASSERT(layout.packed() && q.size(0) == 1, "packed attention takes one packed row");
   if (packed_attention_uses_flash(q, v)) return flash_varlen(q, k, v, layout, scale);
   const bool gqa = q.size(1) != k.size(1);
-  const std::vector<int64_t>& starts = layout.sequence_starts;
-  std::vector<at::Tensor> outs;  // per sequence: [1, heads, len, Dv]
-  outs.reserve(starts.size() - 1);
-  for (size_t s = 0; s + 1 < starts.size(); ++s) {
-    const int64_t begin = starts[s], len = starts[s + 1] - starts[s];
-    outs.push_back(at::scaled_dot_product_attention(q.narrow(2, begin, len), k.narrow(2, begin, len),
-                                                    v.narrow(2, begin, len), /*attn_mask=*/std::nullopt, 0.0,
-                                                    /*is_causal=*/true, scale, gqa));
+  std::vector<at::Tensor> outs;  // per run: [1, heads, count * length, Dv]
+  for (const SequenceRun& run : equal_length_runs(layout)) {
+    // [1, H, count * len, D] → [count, H, len, D]: the run's sequences as a batch (a view of the row).
+    auto as_batch = [&](const at::Tensor& t) {
+      return t.narrow(2, run.begin, run.count * run.length)
+          .unflatten(2, {run.count, run.length})
+          .squeeze(0)
+          .transpose(0, 1);
+    };
+    at::Tensor out = at::scaled_dot_product_attention(as_batch(q), as_batch(k), as_batch(v),
+                                                      /*attn_mask=*/std::nullopt, 0.0, /*is_causal=*/true, scale,
+                                                      gqa);  // [count, H, len, Dv]
+    outs.push_back(out.transpose(0, 1).flatten(1, 2).unsqueeze(0));
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+}
+
+std::vector<SequenceRun> equal_length_runs(const AttentionMask& layout) {
+  const std::vector<int64_t>& starts = layout.sequence_starts;
+  std::vector<SequenceRun> runs;
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t len = starts[s + 1] - starts[s];
+    if (!runs.empty() && runs.back().length == len) {
+      ++runs.back().count;
+    } else {
+      runs.push_back({starts[s], 1, len});
+    }
+  }
+  return runs;
 }
 
 }  // namespace skyrl_tx::models

@@ -37,8 +37,9 @@ def make_backend(path: Path, **settings) -> NativeBackend:
 def requests_for(vocab: int) -> list[TrainRequest]:
     fake_lp = lambda seqs: [torch.full((len(s) - 1,), -2.0) for s in seqs]  # noqa: E731  (sampling logprobs' base)
     ce = random_sequences(vocab, [3, 70, 9], seed=3)
-    rl = random_sequences(vocab, [130, 5], seed=4)
-    ppo = random_sequences(vocab, [64, 1, 17], seed=5)
+    # Equal lengths within an adapter (9, 9, 9; 17, 17; 1, 1) run as one batched call per run on the CPU.
+    rl = random_sequences(vocab, [9, 130, 9, 5, 9], seed=4)
+    ppo = random_sequences(vocab, [64, 1, 17, 1, 17], seed=5)
     return [TrainRequest("a", make_datums("cross_entropy", ce, fake_lp(ce), seed=6), "cross_entropy"),
             TrainRequest("b", make_datums("ppo", rl, fake_lp(rl), seed=7), "gspo"),
             TrainRequest("a", make_datums("ppo", ppo, fake_lp(ppo), seed=8), "ppo")]

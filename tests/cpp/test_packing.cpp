@@ -9,6 +9,7 @@
 
 #include "batching/packing.h"
 #include "common/errors.h"
+#include "models/packed_attention.h"
 #include "testing/tensor_asserts.h"
 
 namespace skyrl_tx::batching {
@@ -128,6 +129,22 @@ TEST_F(PackingTest, PackedLayoutPutsSequencesBackToBackBySlot) {
   EXPECT_EQ(segs[2].length, 5);
   std::vector<at::Tensor> back = unpack_tokens(b.input_ids.reshape({-1}), b);
   for (size_t i = 0; i < back.size(); ++i) EXPECT_TENSOR_EQ(back[i], inputs_[i]);
+}
+
+TEST(Packing, PackedSequencesGoLongestFirstWithinAnAdapter) {
+  // Slot 1: lengths 2, 4, 2 → 4, 2, 2 (equal lengths together, request order among them); slot 0 first.
+  PackedBatch b = pack_sequences({ids({1, 2}), ids({1, 2, 3, 4}), ids({5, 6}), ids({7})},
+                                 {ids({1, 2}), ids({1, 2, 3, 4}), ids({5, 6}), ids({7})}, {1, 1, 1, 0}, 10, at::kCPU,
+                                 RowLayout::kPacked);
+  EXPECT_EQ(b.token_offset, (std::vector<int64_t>{5, 1, 7, 0}));
+  EXPECT_EQ(b.mask.sequence_starts, (std::vector<int64_t>{0, 1, 5, 7, 9}));
+  std::vector<models::SequenceRun> runs = models::equal_length_runs(b.mask);
+  ASSERT_EQ(runs.size(), 3u);  // [1], [4], [2, 2]
+  EXPECT_EQ(runs[2].begin, 5);
+  EXPECT_EQ(runs[2].count, 2);
+  EXPECT_EQ(runs[2].length, 2);
+  EXPECT_EQ(runs[0].count, 1);
+  EXPECT_EQ(runs[1].length, 4);
 }
 
 TEST(Packing, PackedLayoutKeepsPaddedRowsWhenLengthsAreEqual) {
