@@ -3,29 +3,15 @@ capability >= 9.0, "always" from 8.0) compute what one matmul chain per expert c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from cuda_backends import cuda_backend_with_adapters
 
-from skyrl_tx.backend.native import NativeBackend
-from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import Datum, TrainRequest
 
 pytestmark = pytest.mark.gpu
 
 PRESETS = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
-
-
-def _backend(path: Path, policy: str) -> NativeBackend:
-    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8, device="cuda",
-                                                  dtype="bfloat16", grouped_expert_gemm=policy))
-    for i, name in enumerate(("a", "b")):
-        backend.create_adapter(name, rank=4, alpha=8.0)
-        gen = torch.Generator().manual_seed(10 + i)
-        backend.set_adapter_weights(name, {k: torch.randn(v.shape, generator=gen) * 0.05
-                                           for k, v in sorted(backend.adapter_state_dict(name).items())})
-    return backend
 
 
 def _requests(vocab: int) -> list[TrainRequest]:
@@ -44,7 +30,7 @@ def test_grouped_expert_gemms_equal_per_expert_matmuls(tiny_model_dir, preset: s
     grouped_policy = "auto" if major >= 9 else "always"
     results = {}
     for policy in (grouped_policy, "never"):
-        backend = _backend(path, policy)
+        backend = cuda_backend_with_adapters(path, grouped_expert_gemm=policy)
         requests = _requests(backend.decoder_config.vocab_size)
         with torch.profiler.profile() as prof:
             out = backend.forward_backward(requests)

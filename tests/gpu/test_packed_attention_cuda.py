@@ -1,16 +1,14 @@
 """Packed training sequences on a GPU (GPU only): in bfloat16 the packed row runs flash attention's varlen kernel
 (aten::_flash_attention_forward, one call per layer for all sequences) and equals right-padded rows; in float32 it
-runs one SDPA call per sequence and equals them tightly. Forward (logprobs) and backward (every LoRA gradient)."""
+runs one SDPA call per run of equal-length sequences and equals them tightly. Forward (logprobs) and backward (every
+LoRA gradient)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from cuda_backends import cuda_backend_with_adapters
 
-from skyrl_tx.backend.native import NativeBackend
-from skyrl_tx.config import BackendSettings
 from skyrl_tx.types import Datum, TrainRequest
 
 pytestmark = pytest.mark.gpu
@@ -19,17 +17,6 @@ pytestmark = pytest.mark.gpu
 PRESETS = ["tiny-qwen3", "tiny-qwen3.5"]
 # dtype → (logprob tolerance, gradient tolerance relative to each tensor's largest entry)
 TOLERANCES = {"bfloat16": (0.05, 0.05), "float32": (1e-4, 1e-4)}
-
-
-def _backend(path: Path, dtype: str, packed: bool) -> NativeBackend:
-    backend = NativeBackend(path, BackendSettings(max_lora_adapters=2, max_lora_rank=8, device="cuda", dtype=dtype,
-                                                  train_packed_sequences=packed))
-    for i, name in enumerate(("a", "b")):
-        backend.create_model(name, lora_rank=4, alpha=8.0)
-        gen = torch.Generator().manual_seed(10 + i)
-        backend.set_adapter_weights(name, {k: torch.randn(v.shape, generator=gen) * 0.05
-                                           for k, v in sorted(backend.adapter_state_dict(name).items())})
-    return backend
 
 
 def _requests(vocab: int) -> list[TrainRequest]:
@@ -46,7 +33,7 @@ def test_packed_rows_equal_padded_rows_on_cuda(tiny_model_dir, preset: str, dtyp
     path = tiny_model_dir(preset)
     results = {}
     for packed in (True, False):
-        backend = _backend(path, dtype, packed)
+        backend = cuda_backend_with_adapters(path, dtype=dtype, train_packed_sequences=packed)
         requests = _requests(backend.decoder_config.vocab_size)
         with torch.profiler.profile() as prof:
             out = backend.forward_backward(requests)
