@@ -10,6 +10,7 @@
 #include "batching/packing.h"
 #include "common/dtype.h"
 #include "common/errors.h"
+#include "common/host_memory.h"
 #include "loss/token_logprobs.h"
 #include "sampling/kv_budget.h"
 
@@ -64,6 +65,7 @@ Backend::Backend(const models::ModelConfig& model_config, const BackendConfig& c
   options.max_rank = config.max_lora_rank;
   options.dtype = parse_dtype(config.dtype);
   options.device = parse_device(config.device);
+  if (options.device.is_cpu()) keep_freed_host_memory();  // the CPU's activations reuse last step's pages
   options.tensor_parallel = dist::TensorParallel(std::move(tensor_parallel));
   if (expert_parallel && config.expert_parallel_size > 1) {  // spread over the data-parallel ranks
     SKYRL_TX_CHECK(!options.tensor_parallel.enabled() && config.expert_parallel_size == expert_parallel->world_size(),
