@@ -105,7 +105,9 @@ PackedBatch pack_sequences(const std::vector<at::Tensor>& inputs, const std::vec
 std::vector<at::Tensor> unpack_tokens(const at::Tensor& flat, const PackedBatch& batch) {
   std::vector<at::Tensor> out;
   out.reserve(batch.lengths.size());
-  for (size_t i = 0; i < batch.lengths.size(); ++i) out.push_back(flat.narrow(0, batch.token_offset[i], batch.lengths[i]));
+  for (size_t i = 0; i < batch.lengths.size(); ++i) {
+    out.push_back(flat.narrow(0, batch.token_offset[i], batch.lengths[i]));
+  }
   return out;
 }
 

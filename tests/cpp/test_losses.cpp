@@ -298,8 +298,11 @@ TEST(LossTest, SequenceLogRatioFollowsPackedDatumBoundaries) {
   at::Tensor owner = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, at::kLong);
   at::Tensor diff = b.lp - b.in.sampling_logprobs;
   at::Tensor m = (b.in.ratio_mask != 0).to(at::kFloat);
-  const double s0 = (diff.narrow(0, 0, 3) * m.narrow(0, 0, 3)).sum().item<double>() / m.narrow(0, 0, 3).sum().item<double>();
-  const double s1 = (diff.narrow(0, 3, 7) * m.narrow(0, 3, 7)).sum().item<double>() / m.narrow(0, 3, 7).sum().item<double>();
+  auto masked_mean = [&](int64_t begin, int64_t length) {
+    return (diff.narrow(0, begin, length) * m.narrow(0, begin, length)).sum().item<double>() /
+           m.narrow(0, begin, length).sum().item<double>();
+  };
+  const double s0 = masked_mean(0, 3), s1 = masked_mean(3, 7);
   at::Tensor expected = at::cat({at::full({3}, s0, at::kFloat), at::full({7}, s1, at::kFloat)});
   EXPECT_TENSOR_CLOSE(sequence_log_ratio(b.lp, b.in, owner, 2), expected, 1e-6, 1e-6);
 }
