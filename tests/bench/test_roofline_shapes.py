@@ -27,3 +27,14 @@ def test_matmul_params_equal_what_a_token_runs(tiny_model_dir, name: str) -> Non
     assert shape.matmul_params == expected
     assert shape.attention_layers == (1 if name.startswith("tiny-qwen3.5") else shape.layers)
     assert shape.moe_layers == {"tiny-qwen3-moe": 2, "tiny-qwen3.5-moe": 4}.get(name, 0)
+
+
+def test_8b_config_has_qwen3_8b_shape() -> None:
+    # Qwen3-8B's model card: 6.95B non-embedding parameters (the decoder layers; the norms add only ~0.3M).
+    from skyrl_tx.bench.configs import CONFIGS
+
+    cfg = CONFIGS["qwen3-8b"]
+    shape = ModelShape.of(cfg.preset, cfg.vocab_size)
+    lm_head = cfg.vocab_size * cfg.preset.hidden_size
+    assert shape.layers == 36 and shape.attention_layers == 36
+    assert shape.matmul_params - lm_head == pytest.approx(6.95e9, rel=0.005)
