@@ -2,7 +2,9 @@
 # GPU checks on a machine with a CUDA device (CI has none): builds the extension's CUDA path for this GPU,
 # then runs the gpu-labelled GoogleTests, the gpu-marked pytest tests and, with --bench, the GPU benchmark.
 #   tests/gpu/run_on_gpu.sh [--no-build] [--bench "<bench args>"]... [OUT_DIR]
-# Each --bench runs `python -m skyrl_tx.bench --device cuda <bench args>` (report: OUT_DIR/bench-gpu-N.json).
+# Each --bench runs `python -m skyrl_tx.bench --device cuda <bench args>` (report: OUT_DIR/bench-gpu-N.json); one
+# naming a mode first (e.g. --bench "packing --reps 3") runs `python -m skyrl_tx.bench <mode> ... --device cuda`
+# (report: the last line of OUT_DIR/bench-gpu-N.out, its summary in OUT_DIR/bench-N.log).
 # Uses the python3 on PATH (it must hold torch 2.11.0 with CUDA, transformers, peft, pytest); installs nothing.
 # Without network, point SKYRL_TX_GTEST_SOURCE at a googletest source tree or .tar.gz (/usr/src/googletest).
 set -euo pipefail
@@ -73,9 +75,18 @@ grep -vE '^  File|^Extension modules' "$OUT/pytest-gpu.log" | tail -n 25
 
 for i in "${!BENCHES[@]}"; do
   step "benchmark $i: ${BENCHES[$i]}"
-  # shellcheck disable=SC2086
-  "$PY" -m skyrl_tx.bench --device cuda --json "$OUT/bench-gpu-$i.json" ${BENCHES[$i]} 2>"$OUT/bench-$i.log" \
-    || { status=1; grep -vE '^  File' "$OUT/bench-$i.log" | tail -n 30; }
+  read -r first _ <<<"${BENCHES[$i]}"
+  if [[ -n "$first" && "$first" != -* && "$first" != compute ]]; then
+    # A mode (packing, mixed, weight-sync, ...): its summary goes to stderr, its JSON report is stdout's last line.
+    # shellcheck disable=SC2086
+    "$PY" -m skyrl_tx.bench ${BENCHES[$i]} --device cuda >"$OUT/bench-gpu-$i.out" 2>"$OUT/bench-$i.log" \
+      || status=1
+    grep -vE '^  File' "$OUT/bench-$i.log" | tail -n 30 || true
+  else
+    # shellcheck disable=SC2086
+    "$PY" -m skyrl_tx.bench --device cuda --json "$OUT/bench-gpu-$i.json" ${BENCHES[$i]} 2>"$OUT/bench-$i.log" \
+      || { status=1; grep -vE '^  File' "$OUT/bench-$i.log" | tail -n 30; }
+  fi
 done
 step "done (status $status)"
 exit $status
