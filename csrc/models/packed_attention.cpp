@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <atomic>
 #include <vector>
 
 #include "common/errors.h"
@@ -35,19 +36,34 @@ at::Tensor flash_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return std::get<0>(outputs).transpose(0, 1).unsqueeze(0);  // [1, heads, N, D]
 }
 
+// Set once a flash varlen call has failed for a reason other than memory (a libtorch built without flash
+// attention, a kernel that refuses this GPU): every later packed batch takes the SDPA path, which computes the same.
+std::atomic<bool> flash_varlen_refused{false};
+
 }  // namespace
 
 bool packed_attention_uses_flash(const at::Tensor& q, const at::Tensor& v) {
   const auto dtype = q.scalar_type();
   const int64_t d = q.size(-1);
   return (dtype == at::kHalf || dtype == at::kBFloat16) && v.size(-1) == d && d % 8 == 0 && d <= 256 &&
-         flash_capable_device(q);
+         flash_capable_device(q) && !flash_varlen_refused.load();
 }
 
 at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionMask& layout, double scale) {
   SKYRL_TX_INTERNAL_ASSERT(layout.packed() && q.size(0) == 1, "packed attention takes one packed row");
-  if (packed_attention_uses_flash(q, v)) return flash_varlen(q, k, v, layout, scale);
+  if (packed_attention_uses_flash(q, v)) {
+    try {
+      return flash_varlen(q, k, v, layout, scale);
+    } catch (const c10::OutOfMemoryError&) {
+      throw;  // the SDPA path needs memory too: the caller's error to report
+    } catch (const c10::Error& e) {
+      if (!flash_varlen_refused.exchange(true)) {
+        TORCH_WARN("packed attention: flash attention's varlen kernel failed (", e.what_without_backtrace(),
+                   "); packed sequences run one SDPA call per run of equal lengths from now on");
+      }
+    }
+  }
   const bool gqa = q.size(1) != k.size(1);
   std::vector<at::Tensor> outs;  // per run: [1, heads, count * length, Dv]
   for (const SequenceRun& run : equal_length_runs(layout)) {
