@@ -1,4 +1,5 @@
-// Tests the decoder blocks (RmsNorm, SwiGluMlp, Attention, DecoderLayer) against hand-written ATen formulas.
+// Tests the decoder blocks (RmsNorm, SwiGluMlp, Attention, DecoderLayer, packed attention) against hand-written ATen
+// formulas.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -8,6 +9,7 @@
 #include "common/errors.h"
 #include "models/hf_weights.h"
 #include "models/layers.h"
+#include "models/packed_attention.h"
 #include "models/rope.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -209,6 +211,42 @@ TEST(WeightStore, TakeCastsAndOptionalMayBeAbsent) {
   at::Tensor missing = store.take("b", {2});  // zero placeholder, recorded as missing
   EXPECT_EQ(missing.sizes(), at::IntArrayRef({2}));
   EXPECT_THROW(store.finish(), InvalidArgument);
+}
+
+// Packed attention against each sequence alone (its own batch-of-one SDPA call): outputs and the gradients of q, k
+// and v, with grouped-query heads and a value width unlike q/k's (as MLA has), over runs of equal and unequal lengths.
+TEST(PackedAttentionTest, EqualsEachSequenceAlone) {
+  at::Generator gen = make_gen(41);
+  const std::vector<int64_t> lengths = {7, 3, 3, 3, 5, 1, 1};
+  AttentionMask layout;
+  layout.sequence_starts = {0};
+  for (int64_t len : lengths) layout.sequence_starts.push_back(layout.sequence_starts.back() + len);
+  layout.max_sequence_length = 7;
+  const int64_t n = layout.sequence_starts.back();
+  ASSERT_EQ(equal_length_runs(layout).size(), 4u);  // 7 | 3 3 3 | 5 | 1 1
+  const double scale = 0.3;
+  at::Tensor q = randn({1, 4, n, 8}, gen).requires_grad_(true);  // [1, heads, N, Dqk]
+  at::Tensor k = randn({1, 2, n, 8}, gen).requires_grad_(true);  // [1, kv_heads, N, Dqk]
+  at::Tensor v = randn({1, 2, n, 6}, gen).requires_grad_(true);  // [1, kv_heads, N, Dv]
+  at::Tensor out = packed_causal_attention(q, k, v, layout, scale);  // [1, heads, N, Dv]
+  ASSERT_EQ(out.sizes(), at::IntArrayRef({1, 4, n, 6}));
+  at::Tensor weight = randn({1, 4, n, 6}, gen);
+  (out * weight).sum().backward();
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    const int64_t begin = layout.sequence_starts[s], len = lengths[s];
+    at::Tensor qs = q.detach().narrow(2, begin, len).clone().requires_grad_(true);
+    at::Tensor ks = k.detach().narrow(2, begin, len).clone().requires_grad_(true);
+    at::Tensor vs = v.detach().narrow(2, begin, len).clone().requires_grad_(true);
+    at::Tensor alone = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true, scale,
+                                                        /*enable_gqa=*/true);
+    (alone * weight.narrow(2, begin, len)).sum().backward();
+    EXPECT_TENSOR_CLOSE(out.detach().narrow(2, begin, len), alone.detach(), 1e-6, 1e-6);
+    EXPECT_TENSOR_CLOSE(q.grad().narrow(2, begin, len), qs.grad(), 1e-6, 1e-6);
+    EXPECT_TENSOR_CLOSE(k.grad().narrow(2, begin, len), ks.grad(), 1e-6, 1e-6);
+    EXPECT_TENSOR_CLOSE(v.grad().narrow(2, begin, len), vs.grad(), 1e-6, 1e-6);
+  }
+  EXPECT_FALSE(packed_attention_uses_flash(q, v)) << "a CPU float32 row takes the SDPA path";
 }
 
 }  // namespace
