@@ -24,16 +24,22 @@ bool flash_capable_device(const at::Tensor& t) {
 
 // All sequences in one call: [N, heads, D] tensors and the cumulative starts (Dao 2023, FlashAttention-2 varlen).
 // Flash takes grouped-query K/V as they are (kv_heads dividing heads); autograd runs _flash_attention_backward.
+// Flash needs one head width: narrower values (MLA's) are zero-padded to it, and the padded output columns, zero
+// anyway, are dropped (their gradient never reaches v: the pad's backward is a slice).
 at::Tensor flash_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& layout,
                         double scale) {
+  const int64_t width = q.size(-1), v_width = v.size(-1);
   at::Tensor qf = q.select(0, 0).transpose(0, 1).contiguous();  // [N, heads, D]
   at::Tensor kf = k.select(0, 0).transpose(0, 1).contiguous();  // [N, kv_heads, D]
-  at::Tensor vf = v.select(0, 0).transpose(0, 1).contiguous();
+  at::Tensor vf = v.select(0, 0).transpose(0, 1).contiguous();  // [N, kv_heads, Dv]
+  if (v_width < width) vf = at::constant_pad_nd(vf, {0, width - v_width});  // [N, kv_heads, D]
   const int64_t max_len = layout.max_sequence_length;
   auto outputs = at::_flash_attention_forward(qf, kf, vf, layout.cu_seqlens, layout.cu_seqlens, max_len, max_len,
                                               /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false,
                                               scale);
-  return std::get<0>(outputs).transpose(0, 1).unsqueeze(0);  // [1, heads, N, D]
+  at::Tensor out = std::get<0>(outputs);  // [N, heads, D]
+  if (v_width < width) out = out.narrow(-1, 0, v_width);
+  return out.transpose(0, 1).unsqueeze(0);  // [1, heads, N, Dv]
 }
 
 // Set once a flash varlen call has failed for a reason other than memory (a libtorch built without flash
@@ -45,7 +51,7 @@ std::atomic<bool> flash_varlen_refused{false};
 bool packed_attention_uses_flash(const at::Tensor& q, const at::Tensor& v) {
   const auto dtype = q.scalar_type();
   const int64_t d = q.size(-1);
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && v.size(-1) == d && d % 8 == 0 && d <= 256 &&
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && v.size(-1) <= d && d % 8 == 0 && d <= 256 &&
          flash_capable_device(q) && !flash_varlen_refused.load();
 }
 

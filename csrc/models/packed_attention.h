@@ -11,9 +11,10 @@ namespace skyrl_tx::models {
 
 /// q: [1, heads, N, Dqk]; k: [1, kv_heads, N, Dqk]; v: [1, kv_heads, N, Dv]; N the packed row's tokens, split into
 /// sequences by layout.sequence_starts. Returns [1, heads, N, Dv]: each sequence's causal attention over its own
-/// keys only, as if it were a batch of one. CUDA half/bfloat16 with equal head dims (<= 256, a multiple of 8) runs
-/// flash attention's varlen kernel over all sequences at once; elsewhere (the CPU, float32, MLA's wider q/k) one
-/// causal SDPA call per run of equal-length sequences, on views of the row. Both are differentiable.
+/// keys only, as if it were a batch of one. CUDA half/bfloat16 (compute capability >= 8.0; a q/k width <= 256 and a
+/// multiple of 8, values no wider: MLA's are zero-padded) runs flash attention's varlen kernel over all sequences at
+/// once; elsewhere (the CPU, float32) one causal SDPA call per run of equal-length sequences, on views of the row.
+/// Both are differentiable.
 at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionMask& layout, double scale);
 

@@ -13,8 +13,9 @@ from skyrl_tx.types import Datum, TrainRequest
 
 pytestmark = pytest.mark.gpu
 
-# Dense GQA (head_dim 16) and the hybrid family (gated attention beside Gated DeltaNet layers).
-PRESETS = ["tiny-qwen3", "tiny-qwen3.5"]
+# Dense GQA (head_dim 16), the hybrid family (gated attention beside Gated DeltaNet layers) and MLA (q/k 24 wide,
+# values 16: zero-padded for flash).
+PRESETS = ["tiny-qwen3", "tiny-qwen3.5", "tiny-deepseek-v3"]
 # dtype → (logprob tolerance, gradient tolerance relative to each tensor's largest entry)
 TOLERANCES = {"bfloat16": (0.05, 0.05), "float32": (1e-4, 1e-4)}
 
