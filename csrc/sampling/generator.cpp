@@ -197,7 +197,6 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
     }
     batching::PackedBatch batch =
         batching::pack_sequences(prompts, prompts, fresh_slots, model_.config().vocab_size, device);
-    const int64_t T = batch.input_ids.size(1);
     // The prompt is prefilled once, into the request's first row; its other samples copy that prefix.
     std::vector<int64_t> cache_rows(fresh.size()), row_lengths(fresh.size());
     for (size_t j = 0; j < fresh.size(); ++j) {
@@ -210,7 +209,7 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
     // hidden: [B * T, hidden]
     at::Tensor hidden = model_.hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments, &view);
     for (size_t j = 0; j < fresh.size(); ++j) {
-      prompt_hidden[fresh[j]] = hidden.narrow(0, batch.packed_row[j] * T, prompts[j].numel());  // [P, hidden]
+      prompt_hidden[fresh[j]] = hidden.narrow(0, batch.token_offset[j], prompts[j].numel());  // [P, hidden]
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) last_hidden[i] = prompt_hidden[i].narrow(0, prompt_hidden[i].size(0) - 1, 1);
