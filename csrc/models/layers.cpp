@@ -10,6 +10,7 @@
 #include "models/moe.h"
 #include "models/packed_attention.h"
 #include "models/rope.h"
+#include "ops/decode_attention_cpu.h"
 #include "ops/fused_rmsnorm.h"
 #include "ops/rmsnorm_cpu.h"
 #include "ops/swiglu.h"
@@ -111,6 +112,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   k = RotaryEmbedding::apply(k.transpose(1, 2), cos, sin);
   v = v.transpose(1, 2);
   std::optional<at::Tensor> attn_mask = mask.mask.defined() ? std::optional(mask.mask) : std::nullopt;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  at::Tensor attn;  // [B, heads, T, D]
   if (cache != nullptr) {
     at::Tensor k_cache = cache->keys->at(layer);  // [rows, kv_heads, max_len, D]; a handle, shares storage
     at::Tensor v_cache = cache->values->at(layer);
@@ -128,19 +131,25 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       using at::indexing::Slice;
       at::Tensor batch_rows =
           cache->batch_rows.defined() ? cache->batch_rows : at::arange(batch, cache->positions.options());
-      k_cache.index_put_({batch_rows, Slice(), cache->positions}, k.select(2, 0));  // [B, kv_heads, D]
-      v_cache.index_put_({batch_rows, Slice(), cache->positions}, v.select(2, 0));
-      k = k_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);  // [B, kv_heads, L, D]
-      v = v_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);
-      attn_mask = cache->attend_mask;
+      if (ops::decode_attention_cpu_applies(q, k_cache, v_cache)) {  // the write and the attention in one pass
+        attn = ops::decode_attention_cpu(q, k, v, k_cache, v_cache, batch_rows, cache->positions, cache->attend_len,
+                                         scale);
+      } else {
+        k_cache.index_put_({batch_rows, Slice(), cache->positions}, k.select(2, 0));  // [B, kv_heads, D]
+        v_cache.index_put_({batch_rows, Slice(), cache->positions}, v.select(2, 0));
+        k = k_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);  // [B, kv_heads, L, D]
+        v = v_cache.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);
+        attn_mask = cache->attend_mask;
+      }
     }
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   const bool causal = !attn_mask.has_value();
   // attn: [B, heads, T, D]; enable_gqa lets SDPA broadcast kv heads without materialising repeats.
-  at::Tensor attn = mask.packed() ? packed_causal_attention(q, k, v, mask, scale)
-                                  : at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
-                                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  if (!attn.defined()) {
+    attn = mask.packed() ? packed_causal_attention(q, k, v, mask, scale)
+                         : at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, causal, scale,
+                                                            /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  }
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, num_heads_ * head_dim_});
   if (gated_) merged = merged * at::sigmoid(gate);
   at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]

@@ -1,4 +1,5 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu), compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu), compiled for AVX2 +
+// FMA on x86-64.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +8,11 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
 /// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
-/// rope_cpu) runs when it says yes. (ATen's own kernels dispatch on the CPU at run time; ours are built for the one
-/// instruction set nearly every x86-64 server has, behind this check.) Every op decides by dtype, device and shape,
-/// never by layout: a strided row gets the arithmetic the same row alone gets. rope_cpu equals its formula bit for
-/// bit; swiglu and rmsnorm_cpu differ from theirs by float32 ulps, which every check across computation orders allows.
+/// rope_cpu, decode_attention_cpu) runs when it says yes. (ATen's own kernels dispatch on the CPU at run time; ours
+/// are built for the one instruction set nearly every x86-64 server has, behind this check.) Every op decides by
+/// dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone gets. rope_cpu
+/// equals its formula bit for bit; swiglu, rmsnorm_cpu and decode_attention_cpu differ from theirs by float32 ulps,
+/// which every check across computation orders allows.
 bool cpu_vector_kernels_supported();
 
 /// Turns every fused CPU op on or off for the ops chosen from now on (the benchmark's in-process A/B of the fused
@@ -47,6 +49,24 @@ void rope_forward(const float* x, const float* cos, const float* sin, float* out
 /// Rows [begin, end): grad_x = grad * cos + rotate_half^T(grad * sin), rotate_half^T(y) = [y2, -y1].
 void rope_backward(const float* grad, const float* cos, const float* sin, float* grad_x, const RopeRows& rows,
                    int64_t begin, int64_t end);
+
+/// Where one decode step's tensors live (element strides; every last dim is unit-stride): q [B, heads, 1, dim], the
+/// new k [B, kv_heads, 1, dim] and v [B, kv_heads, 1, value_dim], the caches [rows, kv_heads, max_len, dim or
+/// value_dim] and the output [B, heads, 1, value_dim]. Query head h reads kv head h / heads_per_kv (GQA).
+struct DecodeAttentionRows {
+  int64_t kv_heads = 0, heads_per_kv = 0, dim = 0, value_dim = 0, attend_len = 0;
+  int64_t q_stride[2] = {0, 0}, k_new_stride[2] = {0, 0}, v_new_stride[2] = {0, 0};  // batch, head
+  int64_t out_stride[2] = {0, 0};                                                     // batch, head
+  int64_t k_cache_stride[3] = {0, 0, 0}, v_cache_stride[3] = {0, 0, 0};              // row, head, position
+  float scale = 1.0f;
+};
+/// Tasks [begin, end) of B * kv_heads, task (b, h): writes b's new key and value of kv head h into cache row
+/// cache_rows[b] at position positions[b], then attends that kv head's heads_per_kv queries to the row's keys
+/// [0, min(positions[b] + 1, attend_len)): softmax of the scaled dot products, weights on the values.
+/// scores: heads_per_kv * attend_len floats of the caller's.
+void decode_attention(const float* q, const float* k_new, const float* v_new, float* k_cache, float* v_cache,
+                      const int64_t* cache_rows, const int64_t* positions, float* out, float* scores,
+                      const DecodeAttentionRows& rows, int64_t begin, int64_t end);
 
 }  // namespace cpu_kernels
 }  // namespace skyrl_tx::ops

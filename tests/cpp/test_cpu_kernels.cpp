@@ -1,11 +1,12 @@
-// Tests the fused CPU kernels (ops/swiglu, ops/rmsnorm_cpu, ops/rope_cpu) against their ATen twins: outputs and every
-// gradient.
+// Tests the fused CPU kernels (ops/swiglu, ops/rmsnorm_cpu, ops/rope_cpu, ops/decode_attention_cpu) against their ATen
+// twins: outputs and every gradient.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <cstdlib>
 
+#include "ops/decode_attention_cpu.h"
 #include "ops/rmsnorm_cpu.h"
 #include "ops/rope_cpu.h"
 #include "ops/swiglu.h"
@@ -184,6 +185,73 @@ TEST(CpuKernels, RopeOfOneTokenEqualsItsRowInAPrefillBitForBit) {
   }
   EXPECT_FALSE(rope_cpu_applies(x.to(at::kDouble), cos.to(at::kDouble), sin.to(at::kDouble)));
   EXPECT_FALSE(rope_cpu_applies(x.narrow(-1, 0, 63), cos.narrow(-1, 0, 63), sin.narrow(-1, 0, 63)));  // odd D
+}
+
+// The twin: models::Attention's eager decode without the kernel. Each row's new key and value go into its cache row
+// at its position (index_put), then masked SDPA over keys [0, attend_len), key j visible to row b when j <= its
+// position.
+at::Tensor aten_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                                 at::Tensor& v_cache, const at::Tensor& rows, const at::Tensor& positions,
+                                 int64_t attend_len, double scale) {
+  using at::indexing::Slice;
+  k_cache.index_put_({rows, Slice(), positions}, k.select(2, 0));  // [B, kv_heads, D]
+  v_cache.index_put_({rows, Slice(), positions}, v.select(2, 0));
+  const at::Tensor keys = k_cache.index_select(0, rows).narrow(2, 0, attend_len);  // [B, kv_heads, L, D]
+  const at::Tensor values = v_cache.index_select(0, rows).narrow(2, 0, attend_len);
+  const at::Tensor mask = (at::arange(attend_len, positions.options()).unsqueeze(0) <= positions.unsqueeze(1))
+                              .view({q.size(0), 1, 1, attend_len});
+  return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, scale,
+                                          /*enable_gqa=*/q.size(1) != k.size(1));
+}
+
+// GQA (2 query heads per kv head) at the bench's head width, one kv head for every query head with a ragged vector
+// tail (D = 36), multi-query with narrower values (MLA-like); rows in another order than the batch's, one row past
+// attend_len (a free row riding along at the last position, whose keys are cut at attend_len).
+TEST(CpuKernels, DecodeAttentionEqualsCacheWriteAndMaskedSdpa) {
+  struct Case {
+    int64_t batch, heads, kv_heads, dim, value_dim, max_len, attend_len;
+  };
+  c10::NoGradGuard no_grad;
+  for (const Case& c : {Case{5, 8, 4, 64, 64, 40, 30}, Case{3, 3, 3, 36, 36, 12, 12}, Case{4, 4, 1, 16, 8, 20, 9}}) {
+    at::Generator gen = make_gen(41);
+    const at::Tensor q = randn({c.batch, 1, c.heads, c.dim}, gen).transpose(1, 2);  // [B, heads, 1, D], strided
+    const at::Tensor k = randn({c.batch, 1, c.kv_heads, c.dim}, gen).transpose(1, 2);
+    const at::Tensor v = randn({c.batch, 1, c.kv_heads, c.value_dim}, gen).transpose(1, 2);
+    const at::Tensor k_past = randn({c.batch + 2, c.kv_heads, c.max_len, c.dim}, gen);  // rows: two to spare
+    const at::Tensor v_past = randn({c.batch + 2, c.kv_heads, c.max_len, c.value_dim}, gen);
+    const at::Tensor rows = at::randperm(c.batch + 2, gen).narrow(0, 0, c.batch);
+    at::Tensor positions = at::randint(c.attend_len, {c.batch}, gen, at::kLong);
+    positions[0] = c.max_len - 1;
+    positions[1] = c.attend_len - 1;
+    at::Tensor k_cache = k_past.clone(), v_cache = v_past.clone(), k_ref = k_past.clone(), v_ref = v_past.clone();
+    ASSERT_TRUE(decode_attention_cpu_applies(q, k_cache, v_cache));
+    const at::Tensor out = decode_attention_cpu(q, k, v, k_cache, v_cache, rows, positions, c.attend_len, 0.3);
+    const at::Tensor expected = aten_decode_attention(q, k, v, k_ref, v_ref, rows, positions, c.attend_len, 0.3);
+    EXPECT_TENSOR_CLOSE(out, expected, 1e-5, 1e-6);
+    EXPECT_TENSOR_EQ(k_cache, k_ref);
+    EXPECT_TENSOR_EQ(v_cache, v_ref);
+  }
+}
+
+// A row's result is its own: decoded alone it is the same bit for bit (no batch-dependent blocking or reduction).
+// Training, other dtypes and several tokens keep the formula.
+TEST(CpuKernels, DecodeAttentionOfARowAloneEqualsItInABatchBitForBit) {
+  c10::NoGradGuard no_grad;
+  at::Generator gen = make_gen(42);
+  const at::Tensor q = randn({6, 1, 8, 64}, gen).transpose(1, 2), k = randn({6, 1, 2, 64}, gen).transpose(1, 2);
+  const at::Tensor v = randn({6, 1, 2, 64}, gen).transpose(1, 2);
+  at::Tensor k_cache = randn({6, 2, 50, 64}, gen), v_cache = randn({6, 2, 50, 64}, gen);
+  const at::Tensor rows = at::arange(6, at::kLong), positions = at::randint(50, {6}, gen, at::kLong);
+  const at::Tensor whole = decode_attention_cpu(q, k, v, k_cache, v_cache, rows, positions, 50, 0.125);
+  for (int64_t b = 0; b < 6; ++b) {
+    const at::Tensor alone = decode_attention_cpu(q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1), k_cache,
+                                                  v_cache, rows.narrow(0, b, 1), positions.narrow(0, b, 1), 50, 0.125);
+    EXPECT_TENSOR_EQ(alone, whole.narrow(0, b, 1));
+  }
+  EXPECT_FALSE(decode_attention_cpu_applies(q.to(at::kDouble), k_cache.to(at::kDouble), v_cache.to(at::kDouble)));
+  EXPECT_FALSE(decode_attention_cpu_applies(randn({6, 8, 2, 64}, gen), k_cache, v_cache));  // two tokens: a prefill
+  c10::AutoGradMode training(true);
+  EXPECT_FALSE(decode_attention_cpu_applies(q, k_cache, v_cache));
 }
 
 }  // namespace
