@@ -316,6 +316,7 @@ class BackendConfig:
     gradient_checkpointing: bool
     grouped_expert_gemm: str
     prefix_caching: bool
+    sample_packed_prefill: bool
     def __init__(self) -> None:
         ...
     def validate(self) -> None:

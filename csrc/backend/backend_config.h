@@ -27,6 +27,8 @@ struct BackendConfig {
   double gpu_memory_utilization = 0.0;
   int64_t max_logprobs_k = 20;              // largest top-k logprobs / alternative draws per position
   bool prefix_caching = true;               // reuse cached prompt prefixes of immutable weights (base, snapshots)
+  // Sampling prompts of mixed lengths prefill back to back in one row (varlen attention; sampling/generator.h).
+  bool sample_packed_prefill = true;
   int64_t max_resident_snapshots = 4;       // frozen adapter versions in device slots (LRU to host beyond)
   bool cuda_graphs = true;                  // on a GPU, capture each decode step shape once and replay it
   int64_t zero_bucket_mb = 256;             // data parallel, full fine-tuning: float32 MB per ZeRO collective

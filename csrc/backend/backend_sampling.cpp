@@ -126,6 +126,7 @@ sampling::Generator& Backend::generator_for(const models::CausalLM& model) {
     cfg.logprobs_chunk_tokens = config_.logprobs_chunk_tokens;
     cfg.max_logprobs_k = config_.max_logprobs_k;
     cfg.prefix_caching = config_.prefix_caching;
+    cfg.packed_prefill = config_.sample_packed_prefill;
     // CPU decode stays eager: with no launch overhead to save, padding rows and keys would only add work.
     cfg.decode_mode = model.options().device.is_cuda() && config_.cuda_graphs && model.cuda_graph_capturable()
                           ? sampling::DecodeMode::kCudaGraph

@@ -125,6 +125,7 @@ void bind_models(py::module_& m) {
       .def_readwrite("logprobs_chunk_tokens", &BackendConfig::logprobs_chunk_tokens)
       .def_readwrite("max_logprobs_k", &BackendConfig::max_logprobs_k)
       .def_readwrite("prefix_caching", &BackendConfig::prefix_caching)
+      .def_readwrite("sample_packed_prefill", &BackendConfig::sample_packed_prefill)
       .def_readwrite("seed", &BackendConfig::seed)
       .def_readwrite("max_full_models", &BackendConfig::max_full_models)
       .def_readwrite("train_micro_batch_tokens", &BackendConfig::train_micro_batch_tokens)

@@ -89,7 +89,8 @@ Attention::Attention(const ModelConfig& config, BuildContext& ctx, const std::st
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const AttentionMask& mask, const lora::AdapterSegments& segments,
                               const KvCacheView* cache, int64_t layer) const {
-  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no KV cache");
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr || cache->token_rows.defined(),
+                           "packed sequences write the KV cache by token (a packed prefill) or not at all");
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
   // q: [B, T, heads, D]; k, v: [B, T, kv_heads, D]
@@ -124,6 +125,10 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       k = k_cache.narrow(0, row, 1).narrow(2, 0, start + seq);  // [1, kv_heads, start + T, D]
       v = v_cache.narrow(0, row, 1).narrow(2, 0, start + seq);
       attn_mask = cache->attend_mask;
+    } else if (cache->token_rows.defined()) {  // packed prefill: k, v [1, kv_heads, total, D]
+      using at::indexing::Slice;
+      k_cache.index_put_({cache->token_rows, Slice(), cache->token_positions}, k.select(0, 0).transpose(0, 1));
+      v_cache.index_put_({cache->token_rows, Slice(), cache->token_positions}, v.select(0, 0).transpose(0, 1));
     } else if (!cache->decode) {
       k_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, k);
       v_cache.narrow(2, 0, seq).index_copy_(0, cache->rows, v);

@@ -84,6 +84,8 @@ struct KvCacheView {
   const std::vector<at::Tensor>* values = nullptr;  // per layer: same
   bool decode = false;
   at::Tensor rows;         // prefill: int64 [B], the cache row of each batch row (positions [0, T) written)
+  // packed prefill (one row [1, total] of back-to-back prompts): int64 [total] each, token t's cache row and position
+  at::Tensor token_rows, token_positions;
   at::Tensor positions;    // decode: int64 [B], where each row's single new token goes
   int64_t attend_len = 0;  // decode: keys [0, attend_len) are read
   at::Tensor attend_mask;  // decode: bool [B, 1, 1, attend_len]

@@ -84,7 +84,8 @@ std::pair<at::Tensor, at::Tensor> MlaAttention::expand(const at::Tensor& latent,
 at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
-  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no KV cache");
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr || cache->token_rows.defined(),
+                           "packed sequences write the KV cache by token (a packed prefill) or not at all");
   const int64_t batch = x.size(0), seq = x.size(1);
   // [N, hidden]; its gradient sums every rank's (each one's heads' share, through the whole q_a / kv_a path too)
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));
@@ -111,7 +112,12 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
   } else if (cache == nullptr || !cache->decode) {
     if (cache != nullptr) {  // prefill: cache latent + rotated RoPE key, [B, 1, T, kv_lora_rank + rope]
       at::Tensor entry = at::cat({latent.unsqueeze(1), k_rot}, -1);
-      cache->keys->at(layer).narrow(2, 0, seq).index_copy_(0, cache->rows, entry);
+      if (cache->token_rows.defined()) {  // packed: [1, 1, total, D] → each token to its row and position
+        cache->keys->at(layer).select(1, 0).index_put_({cache->token_rows, cache->token_positions},
+                                                       entry.select(0, 0).select(0, 0));
+      } else {
+        cache->keys->at(layer).narrow(2, 0, seq).index_copy_(0, cache->rows, entry);
+      }
     }
     std::tie(k, v) = expand(latent, k_rot, segments);
   } else {

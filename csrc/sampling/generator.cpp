@@ -44,6 +44,7 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
   if (model.config().has_linear_attention()) {
     config_.prefix_caching = false;
     config_.decode_mode = DecodeMode::kEager;
+    config_.packed_prefill = false;  // a state per cache row, taken at each row's end: padded rows
   }
   SKYRL_TX_CHECK(config.logprobs_chunk_tokens >= 1, InvalidArgument,
                  "sampling: logprobs_chunk_tokens must be >= 1 (got ", config.logprobs_chunk_tokens, ")");
@@ -196,16 +197,24 @@ void Generator::prefill(const std::vector<int64_t>& ids) {
       fresh_slots.push_back(slots[i]);
     }
     batching::PackedBatch batch =
-        batching::pack_sequences(prompts, prompts, fresh_slots, model_.config().vocab_size, device);
+        batching::pack_sequences(prompts, prompts, fresh_slots, model_.config().vocab_size, device,
+                                 config_.packed_prefill ? batching::RowLayout::kPacked : batching::RowLayout::kPadded);
     // The prompt is prefilled once, into the request's first row; its other samples copy that prefix.
-    std::vector<int64_t> cache_rows(fresh.size()), row_lengths(fresh.size());
-    for (size_t j = 0; j < fresh.size(); ++j) {
-      cache_rows[batch.packed_row[j]] = requests_.at(ids[fresh[j]]).rows.front();
-      row_lengths[batch.packed_row[j]] = prompts[j].numel();
-    }
     models::KvCacheView view = cache_view();
-    view.rows = device_tensor(cache_rows, device);
-    view.lengths = device_tensor(row_lengths, device);  // Gated DeltaNet layers keep each row's state at its end
+    if (batch.packed()) {  // [1, total]: each token's K/V goes to its request's row at its position
+      std::vector<int64_t> request_row(fresh.size());
+      for (size_t j = 0; j < fresh.size(); ++j) request_row[j] = requests_.at(ids[fresh[j]]).rows.front();
+      view.token_rows = device_tensor(request_row, device).index_select(0, batch.token_request);  // [total]
+      view.token_positions = batch.positions.view({-1});                                         // [total]
+    } else {
+      std::vector<int64_t> cache_rows(fresh.size()), row_lengths(fresh.size());
+      for (size_t j = 0; j < fresh.size(); ++j) {
+        cache_rows[batch.packed_row[j]] = requests_.at(ids[fresh[j]]).rows.front();
+        row_lengths[batch.packed_row[j]] = prompts[j].numel();
+      }
+      view.rows = device_tensor(cache_rows, device);
+      view.lengths = device_tensor(row_lengths, device);  // Gated DeltaNet layers keep each row's state at its end
+    }
     // hidden: [B * T, hidden]
     at::Tensor hidden = model_.hidden_states(batch.input_ids, batch.positions, batch.mask, batch.segments, &view);
     for (size_t j = 0; j < fresh.size(); ++j) {
