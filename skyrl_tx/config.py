@@ -52,8 +52,8 @@ class BackendSettings:
     # Sampling keeps finished sequences' K/V cache rows and serves a later prompt's matching prefix from them instead
     # of prefilling it again (the base model and snapshots only: their weights never change); rows are reclaimed LRU.
     prefix_caching: bool = True
-    # Sampling prompts of mixed lengths prefill back to back in one row (varlen attention, no padded work); models
-    # with Gated DeltaNet layers keep padded rows. False: one right-padded row per prompt.
+    # Sampling prompts of mixed lengths prefill back to back in one row (varlen attention, no padded work; a Gated
+    # DeltaNet keeps each prompt's state at its end). False: one right-padded row per prompt.
     sample_packed_prefill: bool = True
     max_resident_snapshots: int = 4  # frozen adapter versions in device slots (LRU to host memory beyond)
     cuda_graphs: bool = True  # GPU: capture each decode step shape as a CUDA graph once, then replay it

@@ -157,7 +157,8 @@ at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/, const at::Tensor& /*sin*/,
                                   const AttentionMask& mask, const lora::AdapterSegments& segments,
                                   const KvCacheView* cache, int64_t layer) const {
-  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr, "packed sequences have no recurrent cache");
+  SKYRL_TX_INTERNAL_ASSERT(!mask.packed() || cache == nullptr || cache->token_rows.defined(),
+                           "packed sequences write the recurrent cache per sequence (a packed prefill) or not at all");
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor flat = tp_.copy_in(x.reshape({batch * seq, x.size(2)}));  // [N, hidden]
   at::Tensor qkv = in_proj_qkv_.forward(flat, segments).view({batch, seq, -1});  // [B, T, conv_dim]
@@ -175,9 +176,23 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
   auto as_batch = [](const at::Tensor& t, const SequenceRun& run) {
     return t.narrow(1, run.begin, run.count * run.length).squeeze(0).unflatten(0, {run.count, run.length});
   };
-  at::Tensor mixed =
-      mask.packed() ? per_run([&](const SequenceRun& run) { return conv(as_batch(qkv, run), nullptr, layer); })
-                    : conv(qkv, cache, layer);  // [B, T, conv_dim]
+  // A packed prefill's run as a padded prefill of its sequences: each one's cache row (its first token's) and length,
+  // so each sequence's conv window and delta-rule state are kept at its own end.
+  auto run_view = [&](const SequenceRun& run) {
+    KvCacheView view = *cache;
+    view.rows = cache->token_rows.narrow(0, run.begin, run.count * run.length)
+                    .view({run.count, run.length})
+                    .select(1, 0)
+                    .contiguous();  // [count]
+    view.lengths = at::full({run.count}, run.length, view.rows.options());
+    return view;
+  };
+  at::Tensor mixed = mask.packed() ? per_run([&](const SequenceRun& run) {
+    if (cache == nullptr) return conv(as_batch(qkv, run), nullptr, layer);
+    const KvCacheView view = run_view(run);
+    return conv(as_batch(qkv, run), &view, layer);
+  })
+                                   : conv(qkv, cache, layer);  // [B, T, conv_dim]
   const int64_t qk_width = key_heads_ * key_dim_;
   at::Tensor q = mixed.narrow(-1, 0, qk_width).reshape({batch, seq, key_heads_, key_dim_});
   at::Tensor k = mixed.narrow(-1, qk_width, qk_width).reshape({batch, seq, key_heads_, key_dim_});
@@ -191,6 +206,13 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
   if (cache != nullptr && cache->decode) {
     at::Tensor state = cache->recurrent_states->at(layer).narrow(0, 0, batch);  // [B, Hv, Dk, Dv], a view
     core = recurrent_gated_delta_step(q, k, v, g, beta, state);
+  } else if (mask.packed()) {
+    core = per_run([&](const SequenceRun& run) {
+      auto [out, state] = chunk_gated_delta_rule(as_batch(q, run), as_batch(k, run), as_batch(v, run),
+                                                 as_batch(g, run), as_batch(beta, run), kChunkSize, at::Tensor());
+      if (cache != nullptr) cache->recurrent_states->at(layer).index_copy_(0, run_view(run).rows, state);
+      return out;
+    });
   } else if (cache != nullptr) {
     // Padding after a row's end must not move its state: no decay (g = 0) and no write (beta = 0) there.
     at::Tensor real = (at::arange(seq, cache->lengths.options()).unsqueeze(0) < cache->lengths.unsqueeze(1))
@@ -199,12 +221,6 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
     core = out;
     at::Tensor states = cache->recurrent_states->at(layer);
     states.index_copy_(0, cache->rows, state);
-  } else if (mask.packed()) {
-    core = per_run([&](const SequenceRun& run) {
-      return chunk_gated_delta_rule(as_batch(q, run), as_batch(k, run), as_batch(v, run), as_batch(g, run),
-                                    as_batch(beta, run), kChunkSize, at::Tensor())
-          .first;
-    });
   } else {
     core = chunk_gated_delta_rule(q, k, v, g, beta, kChunkSize, at::Tensor()).first;
   }

@@ -44,7 +44,6 @@ Generator::Generator(const models::CausalLM& model, const GeneratorConfig& confi
   if (model.config().has_linear_attention()) {
     config_.prefix_caching = false;
     config_.decode_mode = DecodeMode::kEager;
-    config_.packed_prefill = false;  // a state per cache row, taken at each row's end: padded rows
   }
   SKYRL_TX_CHECK(config.logprobs_chunk_tokens >= 1, InvalidArgument,
                  "sampling: logprobs_chunk_tokens must be >= 1 (got ", config.logprobs_chunk_tokens, ")");

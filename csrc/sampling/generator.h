@@ -30,7 +30,7 @@ struct GeneratorConfig {
   int64_t max_logprobs_k = 20;           // largest k of top-k logprobs and alternative draws a request may ask
   bool prefix_caching = true;            // keep finished rows' K/V for later prompts that start the same way
   // Prompts of mixed lengths prefill back to back in one row (varlen attention, each token's K/V written to its
-  // request's cache row): no padded work. Off for models with Gated DeltaNet layers (their per-row states need rows).
+  // request's cache row, a Gated DeltaNet's state at each prompt's end): no padded work.
   bool packed_prefill = true;
   DecodeMode decode_mode = DecodeMode::kEager;
 };
