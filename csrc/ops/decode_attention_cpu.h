@@ -15,7 +15,8 @@ bool decode_attention_cpu_applies(const at::Tensor& q, const at::Tensor& k_cache
 /// [B] each), then attends q [B, heads, 1, D] to row b's keys [0, min(positions[b] + 1, attend_len)): softmax(q · k *
 /// scale) weighting the values. Returns [B, heads, 1, value_dim], laid out as [B, 1, heads, value_dim] memory (the
 /// heads merge by a view). What the index_put + masked SDPA it replaces computes, without the [B, 1, 1, L] mask and
-/// the index machinery: 165 against 335 us per layer at batch 16 (8 heads on 4 kv heads of 64, ~90 keys; 1 thread).
+/// the index machinery: 165 against 335 us per layer at batch 16 (8 heads on 4 kv heads of 64, ~90 keys; 1 thread,
+/// warm caches).
 at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
                                 at::Tensor& v_cache, const at::Tensor& cache_rows, const at::Tensor& positions,
                                 int64_t attend_len, double scale);
