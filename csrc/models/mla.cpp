@@ -24,15 +24,6 @@ double softmax_scale(const ModelConfig& c) {
 
 }  // namespace
 
-lora::AdapterSegments repeat_tokens(const lora::AdapterSegments& segments, int64_t factor) {
-  if (segments.row_dense()) {
-    return lora::AdapterSegments::row_dense(segments.slot_columns().repeat_interleave(factor, 0));
-  }
-  std::vector<lora::Segment> out;
-  for (const lora::Segment& s : segments.segments()) out.push_back({s.slot, s.begin * factor, s.length * factor});
-  return lora::AdapterSegments(std::move(out));
-}
-
 MlaAttention::MlaAttention(const ModelConfig& config, BuildContext& ctx, const std::string& prefix)
     : tp_(ctx.tensor_parallel),
       heads_(config.num_attention_heads / tp_.size()),
@@ -81,6 +72,45 @@ std::pair<at::Tensor, at::Tensor> MlaAttention::expand(const at::Tensor& latent,
   return {k, v};
 }
 
+// DeepSeek's absorbed MLA decode: for head h, q_nope . (W_UK_h latent_j) = (W_UK_h^T q_nope) . latent_j, and the
+// attended values sum_j p_j W_UV_h latent_j = W_UV_h (sum_j p_j latent_j). So the query moves into the latent space
+// once (through kv_b_proj's key rows, adapters included), attention runs over the cached [latent | rotated key]
+// entries as one KV head shared by every query head, and the attended latent goes out through the value rows. A
+// step reads each cached entry once instead of expanding all L of them through kv_b_proj (L x kv_lora x heads x
+// (nope + v) multiply-adds per row per layer). Adapters act through the row-dense form of `segments`: a row's
+// columns of the stacked factors, scaled (what kv_b_proj's row-dense forward computes, transposed for the keys).
+at::Tensor MlaAttention::absorbed_decode(const at::Tensor& query, const at::Tensor& past, const at::Tensor& attend_mask,
+                                         const lora::AdapterSegments& segments) const {
+  const at::ScalarType dtype = query.scalar_type();
+  const at::Tensor w = kv_b_proj_.weight().to(dtype).view({heads_, nope_ + v_dim_, kv_lora_rank_});
+  const at::Tensor q = query.select(2, 0);                             // [B, heads, nope + rope]
+  const at::Tensor q_nope = q.narrow(-1, 0, nope_).transpose(0, 1);    // [heads, B, nope]
+  at::Tensor q_latent = at::bmm(q_nope, w.narrow(1, 0, nope_));        // [heads, B, kv_lora]: W_UK^T q_nope
+  at::Tensor a_all, b_all, row_scaling;  // adapters: [S * R, kv_lora], [heads, nope + v, S * R], [B, S * R]
+  if (!segments.only_base()) {
+    const at::Tensor& stacked_a = kv_b_proj_.stacked_a();  // [S, R, kv_lora]
+    const int64_t slots = stacked_a.size(0), max_rank = stacked_a.size(1);
+    a_all = stacked_a.detach().reshape({slots * max_rank, kv_lora_rank_}).to(dtype);
+    b_all = kv_b_proj_.stacked_b().detach().reshape({heads_, nope_ + v_dim_, slots * max_rank}).to(dtype);
+    const at::Tensor& columns = segments.row_dense() ? segments.slot_columns()
+                                                     : segments.slot_columns_on(query.device(), slots, max_rank);
+    row_scaling = (columns * kv_b_proj_.column_scaling()).to(dtype);  // the row's slot's scaling on its columns
+    // + scaling A^T (B_UK^T q_nope): [heads, B, S * R] masked to each row's slot, then into the latent space
+    q_latent = q_latent + at::matmul(at::bmm(q_nope, b_all.narrow(1, 0, nope_)) * row_scaling, a_all);
+  }
+  // [B, heads, 1, kv_lora + rope] against the entries [B, 1, L, kv_lora + rope]; the values are their latents
+  const at::Tensor q_absorbed = at::cat({q_latent.transpose(0, 1), q.narrow(-1, nope_, rope_)}, -1).unsqueeze(2);
+  const at::Tensor attended = at::scaled_dot_product_attention(q_absorbed, past, past.narrow(-1, 0, kv_lora_rank_),
+                                                               attend_mask, 0.0, false, scale_, /*enable_gqa=*/true)
+                                  .select(2, 0)
+                                  .transpose(0, 1);  // [heads, B, kv_lora]
+  at::Tensor out = at::bmm(attended, w.narrow(1, nope_, v_dim_).transpose(1, 2));  // [heads, B, v]: W_UV o
+  if (a_all.defined()) {  // + scaling B_UV (A o)
+    out = out + at::bmm(at::matmul(attended, a_all.t()) * row_scaling, b_all.narrow(1, nope_, v_dim_).transpose(1, 2));
+  }
+  return out.transpose(0, 1).unsqueeze(2);  // [B, heads, 1, v]
+}
+
 at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const AttentionMask& mask, const lora::AdapterSegments& segments,
                                  const KvCacheView* cache, int64_t layer) const {
@@ -98,7 +128,7 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
   at::Tensor query = at::cat({q.narrow(-1, 0, nope_), rotate(q.narrow(-1, nope_, rope_), cos, sin)}, -1);
 
   std::optional<at::Tensor> attn_mask = mask.mask.defined() ? std::optional(mask.mask) : std::nullopt;
-  at::Tensor k, v;
+  at::Tensor k, v, attn;  // attn: [B, heads, T, v]
   if (cache != nullptr && cache->extend) {  // after a cached prefix (one row, one adapter)
     const int64_t row = cache->extend_row, start = cache->extend_start, len = start + seq;
     at::Tensor store = cache->keys->at(layer);  // [rows, 1, max_len, kv_lora_rank + rope]; shares storage
@@ -127,15 +157,14 @@ at::Tensor MlaAttention::forward(const at::Tensor& x, const at::Tensor& cos, con
         cache->batch_rows.defined() ? cache->batch_rows : at::arange(batch, cache->positions.options());
     store.index_put_({batch_rows, Slice(), cache->positions}, at::cat({latent, k_rot.squeeze(1)}, -1));  // [B, 1, D]
     at::Tensor past = store.narrow(0, 0, batch).narrow(2, 0, cache->attend_len);  // [B, 1, L, D]
-    const int64_t len = cache->attend_len;
-    std::tie(k, v) = expand(past.select(1, 0).narrow(-1, 0, kv_lora_rank_), past.narrow(-1, kv_lora_rank_, rope_),
-                            repeat_tokens(segments, len));
-    attn_mask = cache->attend_mask;
+    attn = absorbed_decode(query, past, cache->attend_mask, segments);            // [B, heads, 1, v]
   }
   const bool causal = !attn_mask.has_value();
   // [B, heads, T, v]; V is narrower than Q and K, which SDPA allows.
-  at::Tensor attn = mask.packed() ? packed_causal_attention(query, k, v, mask, scale_)
-                                  : at::scaled_dot_product_attention(query, k, v, attn_mask, 0.0, causal, scale_);
+  if (!attn.defined()) {
+    attn = mask.packed() ? packed_causal_attention(query, k, v, mask, scale_)
+                         : at::scaled_dot_product_attention(query, k, v, attn_mask, 0.0, causal, scale_);
+  }
   at::Tensor merged = attn.transpose(1, 2).reshape({batch * seq, heads_ * v_dim_});
   at::Tensor out = tp_.reduce_out(o_proj_.forward(merged, segments));  // [N, hidden]
   if (o_bias_.defined()) out = out + o_bias_;

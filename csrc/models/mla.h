@@ -43,9 +43,10 @@ class MlaAttention : public AttentionModule {
   /// `segments` covers the B * L latent rows.
   std::pair<at::Tensor, at::Tensor> expand(const at::Tensor& latent, const at::Tensor& k_rot,
                                            const lora::AdapterSegments& segments) const;
+  /// One decode step against the cached entries without expanding them: query [B, heads, 1, nope + rope], past
+  /// [B, 1, L, kv_lora_rank + rope], attend_mask bool [B, 1, 1, L], `segments` one token per row → [B, heads, 1, v].
+  at::Tensor absorbed_decode(const at::Tensor& query, const at::Tensor& past, const at::Tensor& attend_mask,
+                             const lora::AdapterSegments& segments) const;
 };
-
-/// Each token of `segments` repeated `factor` times in place (row b's L cached tokens use row b's adapter).
-lora::AdapterSegments repeat_tokens(const lora::AdapterSegments& segments, int64_t factor);
 
 }  // namespace skyrl_tx::models

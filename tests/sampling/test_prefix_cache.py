@@ -39,8 +39,16 @@ def prompts(backend: NativeBackend, lengths: list[int], seed: int) -> list[list[
     return random_prompts(backend.decoder_config.vocab_size, lengths, seed, avoid=backend.eos_token_ids)
 
 
-def assert_same(cached: SampleResult, fresh: SampleResult, what: str) -> None:
-    assert_same_sequences(cached.sequences, fresh.sequences, what)
+def logprob_atol(backend: NativeBackend) -> float:
+    """1e-5 (float32 across computation orders); MLA 2e-5: its decode attends in the latent space (the absorbed query
+    W_UK^T q), where the entries a prefix-cache hit reuses (written by an earlier decode step) and a fresh prefill's
+    differ by rounding that a strong snapshot adapter's absorbed query carries further: 1.8e-5 measured, 5.7e-6 when
+    decode expanded every latent. Sampled logprobs still equal a forward pass (test_architecture_sampling)."""
+    return 2e-5 if backend.decoder_config.kv_lora_rank > 0 else 1e-5
+
+
+def assert_same(cached: SampleResult, fresh: SampleResult, what: str, atol: float) -> None:
+    assert_same_sequences(cached.sequences, fresh.sequences, what, atol=atol)
     for name in ("prompt_logprobs", "target_prompt_logprobs"):
         got, want = getattr(cached, name), getattr(fresh, name)
         assert (got is None) == (want is None), f"{what}: {name}"
@@ -56,7 +64,7 @@ def test_multi_turn_prompts_hit_the_cache_and_equal_a_fresh_prefill(pair, weight
     turns = {b: b.sample([SampleRequest(p, params, weights_id=weights_id, num_samples=2)
                           for p, params in zip(first, (GREEDY, SEEDED))]) for b in pair}
     for got, want in zip(turns[cached], turns[fresh]):
-        assert_same(got, want, "turn 1")
+        assert_same(got, want, "turn 1", logprob_atol(cached))
         assert got.prompt_cache_hit_tokens == 0  # nothing cached yet
     # Another prompt decodes while the finished rows sit in the cache (they ride along in the decode batch).
     other = prompts(cached, [7], seed=2)[0]
@@ -67,13 +75,13 @@ def test_multi_turn_prompts_hit_the_cache_and_equal_a_fresh_prefill(pair, weight
         history = p + turns[cached][i].sequences[0].tokens + [11, 12, 13]
         (got,) = cached.sample([SampleRequest(history, params, weights_id=weights_id, num_samples=2)])
         (want,) = fresh.sample([SampleRequest(history, params, weights_id=weights_id, num_samples=2)])
-        assert_same(got, want, f"turn 2, conversation {i}")
+        assert_same(got, want, f"turn 2, conversation {i}", logprob_atol(cached))
         # The prompt and every generated token but the last were fed back, so their K/V are cached.
         assert got.prompt_cache_hit_tokens == len(p) + len(turns[cached][i].sequences[0].tokens) - 1
         assert want.prompt_cache_hit_tokens == 0
         # The same prompt again: all but its last token (whose logits start sampling) come from the cache.
         (again,) = cached.sample([SampleRequest(history, params, weights_id=weights_id, num_samples=2)])
-        assert_same(again, want, f"turn 2 again, conversation {i}")
+        assert_same(again, want, f"turn 2 again, conversation {i}", logprob_atol(cached))
         assert again.prompt_cache_hit_tokens == len(history) - 1
 
 
@@ -92,7 +100,7 @@ def test_scored_positions_are_computed_not_cached(pair) -> None:
         (got,) = cached.sample([SampleRequest(longer, GREEDY, **fields)])
         (want,) = fresh.sample([SampleRequest(longer, GREEDY, **fields)])
         assert got.prompt_cache_hit_tokens == hit, fields  # `longer` itself is cached after the first ask
-        assert_same(got, want, str(fields))
+        assert_same(got, want, str(fields), logprob_atol(cached))
         if "prompt_logprobs_last_n" in fields and "topk_prompt_logprobs" in fields:
             assert [r and [t for t, _ in r] for r in got.topk_prompt_logprobs] == \
                 [r and [t for t, _ in r] for r in want.topk_prompt_logprobs]
@@ -115,7 +123,7 @@ def test_live_adapters_and_removed_snapshots_are_never_served_from_the_cache(tin
     (got,) = cached.sample([SampleRequest(p, GREEDY, weights_id=SNAPSHOT)])
     (want,) = fresh.sample([SampleRequest(p, GREEDY, weights_id=SNAPSHOT)])
     assert got.prompt_cache_hit_tokens == 0
-    assert_same(got, want, "re-created snapshot")
+    assert_same(got, want, "re-created snapshot", logprob_atol(cached))
     assert got.sequences[0].tokens != warm.sequences[0].tokens or \
         got.sequences[0].logprobs != pytest.approx(warm.sequences[0].logprobs, abs=1e-4)
 
@@ -128,7 +136,7 @@ def test_cached_rows_are_given_back_when_requests_need_them(tiny_model_dir) -> N
         cached.sample([SampleRequest(p, GREEDY)])
     (got,) = cached.sample([SampleRequest(ps[3], SEEDED, num_samples=3)])  # needs all three rows
     (want,) = fresh.sample([SampleRequest(ps[3], SEEDED, num_samples=3)])
-    assert_same(got, want, "after eviction")
+    assert_same(got, want, "after eviction", logprob_atol(cached))
     # The most recent entries survive eviction's LRU order where rows allow: the newest prompt hits.
     (again,) = cached.sample([SampleRequest(ps[3] + [5], GREEDY)])
     assert again.prompt_cache_hit_tokens == len(ps[3])
@@ -150,4 +158,4 @@ def test_a_request_needing_every_row_is_admitted_when_its_prompt_hits_the_cache(
             break
     assert sample_id in done, "never admitted"
     (want,) = fresh.sample([request])
-    assert_same(done[sample_id], want, "all rows after a hit")
+    assert_same(done[sample_id], want, "all rows after a hit", logprob_atol(cached))
