@@ -265,6 +265,11 @@ void LoraLinear::prepare_inference(at::ScalarType dtype) const {
   }
 }
 
+std::pair<at::Tensor, at::Tensor> LoraLinear::inference_factors(at::ScalarType dtype) const {
+  prepare_inference(dtype);
+  return {inference_.a, inference_.b_scaled};
+}
+
 void LoraLinear::set_slot_scaling(int64_t slot, int64_t rank, double scaling) {
   ranks_[slot] = rank;
   scalings_[slot] = scaling;

@@ -88,6 +88,9 @@ class LoraLinear {
   /// the column scaling) up to date, in place, if a factor or a scaling changed since. forward_row_dense calls
   /// it; a CUDA graph that replays that path without running it must call it before each replay.
   void prepare_inference(at::ScalarType dtype) const;
+  /// Those factors, up to date: A [S * max_rank, in] and B pre-multiplied by the column scaling [out, S * max_rank],
+  /// in `dtype`; for a caller that applies them in another arrangement (MLA's absorbed decode uses the transposes).
+  std::pair<at::Tensor, at::Tensor> inference_factors(at::ScalarType dtype) const;
   int64_t in_features() const { return weight_.size(1); }
   int64_t out_features() const { return weight_.size(0); }
 

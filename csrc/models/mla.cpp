@@ -77,8 +77,8 @@ std::pair<at::Tensor, at::Tensor> MlaAttention::expand(const at::Tensor& latent,
 // once (through kv_b_proj's key rows, adapters included), attention runs over the cached [latent | rotated key]
 // entries as one KV head shared by every query head, and the attended latent goes out through the value rows. A
 // step reads each cached entry once instead of expanding all L of them through kv_b_proj (L x kv_lora x heads x
-// (nope + v) multiply-adds per row per layer). Adapters act through the row-dense form of `segments`: a row's
-// columns of the stacked factors, scaled (what kv_b_proj's row-dense forward computes, transposed for the keys).
+// (nope + v) multiply-adds per row per layer). Adapters act through kv_b_proj's row-dense inference factors (B
+// pre-scaled, kept in the activation dtype) and the row-dense form of `segments`: each row keeps its slot's columns.
 at::Tensor MlaAttention::absorbed_decode(const at::Tensor& query, const at::Tensor& past, const at::Tensor& attend_mask,
                                          const lora::AdapterSegments& segments) const {
   const at::ScalarType dtype = query.scalar_type();
@@ -86,17 +86,17 @@ at::Tensor MlaAttention::absorbed_decode(const at::Tensor& query, const at::Tens
   const at::Tensor q = query.select(2, 0);                             // [B, heads, nope + rope]
   const at::Tensor q_nope = q.narrow(-1, 0, nope_).transpose(0, 1);    // [heads, B, nope]
   at::Tensor q_latent = at::bmm(q_nope, w.narrow(1, 0, nope_));        // [heads, B, kv_lora]: W_UK^T q_nope
-  at::Tensor a_all, b_all, row_scaling;  // adapters: [S * R, kv_lora], [heads, nope + v, S * R], [B, S * R]
+  at::Tensor a_all, b_all, row_columns;  // adapters: [S * R, kv_lora], [heads, nope + v, S * R] scaled, [B, S * R]
   if (!segments.only_base()) {
     const at::Tensor& stacked_a = kv_b_proj_.stacked_a();  // [S, R, kv_lora]
     const int64_t slots = stacked_a.size(0), max_rank = stacked_a.size(1);
-    a_all = stacked_a.detach().reshape({slots * max_rank, kv_lora_rank_}).to(dtype);
-    b_all = kv_b_proj_.stacked_b().detach().reshape({heads_, nope_ + v_dim_, slots * max_rank}).to(dtype);
-    const at::Tensor& columns = segments.row_dense() ? segments.slot_columns()
-                                                     : segments.slot_columns_on(query.device(), slots, max_rank);
-    row_scaling = (columns * kv_b_proj_.column_scaling()).to(dtype);  // the row's slot's scaling on its columns
-    // + scaling A^T (B_UK^T q_nope): [heads, B, S * R] masked to each row's slot, then into the latent space
-    q_latent = q_latent + at::matmul(at::bmm(q_nope, b_all.narrow(1, 0, nope_)) * row_scaling, a_all);
+    at::Tensor b_scaled;  // [heads * (nope + v), S * R]
+    std::tie(a_all, b_scaled) = kv_b_proj_.inference_factors(dtype);
+    b_all = b_scaled.view({heads_, nope_ + v_dim_, slots * max_rank});
+    // 0/1 on the row's slot's columns (exact in any dtype)
+    row_columns = segments.slot_columns_on(query.device(), slots, max_rank).to(dtype);
+    // + A^T (scaling B_UK^T q_nope): [heads, B, S * R] masked to each row's slot, then into the latent space
+    q_latent = q_latent + at::matmul(at::bmm(q_nope, b_all.narrow(1, 0, nope_)) * row_columns, a_all);
   }
   // [B, heads, 1, kv_lora + rope] against the entries [B, 1, L, kv_lora + rope]; the values are their latents
   const at::Tensor q_absorbed = at::cat({q_latent.transpose(0, 1), q.narrow(-1, nope_, rope_)}, -1).unsqueeze(2);
@@ -106,7 +106,7 @@ at::Tensor MlaAttention::absorbed_decode(const at::Tensor& query, const at::Tens
                                   .transpose(0, 1);  // [heads, B, kv_lora]
   at::Tensor out = at::bmm(attended, w.narrow(1, nope_, v_dim_).transpose(1, 2));  // [heads, B, v]: W_UV o
   if (a_all.defined()) {  // + scaling B_UV (A o)
-    out = out + at::bmm(at::matmul(attended, a_all.t()) * row_scaling, b_all.narrow(1, nope_, v_dim_).transpose(1, 2));
+    out = out + at::bmm(at::matmul(attended, a_all.t()) * row_columns, b_all.narrow(1, nope_, v_dim_).transpose(1, 2));
   }
   return out.transpose(0, 1).unsqueeze(2);  // [B, heads, 1, v]
 }
