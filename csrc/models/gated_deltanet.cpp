@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "models/packed_attention.h"
+#include "ops/gated_delta_step_cpu.h"
 
 namespace skyrl_tx::models {
 namespace {
@@ -205,7 +206,8 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/
   at::Tensor core;  // [B, T, Hv, Dv]
   if (cache != nullptr && cache->decode) {
     at::Tensor state = cache->recurrent_states->at(layer).narrow(0, 0, batch);  // [B, Hv, Dk, Dv], a view
-    core = recurrent_gated_delta_step(q, k, v, g, beta, state);
+    core = ops::gated_delta_step_cpu_applies(state) ? ops::gated_delta_step_cpu(q, k, v, g, beta, state)
+                                                    : recurrent_gated_delta_step(q, k, v, g, beta, state);
   } else if (mask.packed()) {
     core = per_run([&](const SequenceRun& run) {
       auto [out, state] = chunk_gated_delta_rule(as_batch(q, run), as_batch(k, run), as_batch(v, run),

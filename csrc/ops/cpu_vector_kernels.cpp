@@ -1,5 +1,5 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu), compiled for AVX2 +
-// FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu),
+// compiled for AVX2 + FMA on x86-64.
 // NOTE: CMake builds this file alone with -mavx2 -mfma and CPU_CAPABILITY=AVX2, so at::vec::Vectorized is ATen's
 // 8-wide AVX2 vector (in its own at::vec::AVX2 namespace: no clash with default-compiled code). Nothing here may
 // run before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here (its
@@ -268,6 +268,48 @@ void decode_attention(const float* q, const float* k_new, const float* v_new, fl
       softmax_in_place(s, keys);
       float* o = out + b * rows.out_stride[0] + head * rows.out_stride[1];  // [value_dim]
       weighted_values(s, v_row, value_stride, keys, value_dim, o);
+    }
+  }
+}
+
+// Per (row, value head), column block by column block (one vector of value columns, a partial one at a ragged tail):
+// S^T k̂ over the key rows, then the rank-1 write and state^T q̂ over them again (the head's matrix is in L1 by then).
+// Each product and sum rounds as the formula's (S = state * decay first; S + k̂ * delta, -ffp-contract=off); only
+// the sums over key rows run in another order than ATen's reduction. A row's result depends on its own tensors only.
+void gated_delta_step(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                      float* out, float* scratch, const GatedDeltaRows& rows, int64_t begin, int64_t end) {
+  const int64_t key_dim = rows.key_dim, value_dim = rows.value_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)));
+  float *q_hat = scratch, *k_hat = scratch + key_dim;
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t b = task / rows.heads, h = task % rows.heads, key_head = h / rows.heads_per_key;
+    const float* q_in = q + b * rows.q_stride[0] + key_head * rows.q_stride[1];
+    const float* k_in = k + b * rows.k_stride[0] + key_head * rows.k_stride[1];
+    const float q_norm = 1.0f / std::sqrt(dot(q_in, q_in, key_dim) + 1e-6f);
+    const float k_norm = 1.0f / std::sqrt(dot(k_in, k_in, key_dim) + 1e-6f);
+    for (int64_t i = 0; i < key_dim; ++i) {
+      q_hat[i] = (q_in[i] * q_norm) * scale;
+      k_hat[i] = k_in[i] * k_norm;
+    }
+    const Vec decay(std::exp(g[b * rows.g_stride[0] + h * rows.g_stride[1]]));
+    const Vec gain(beta[b * rows.beta_stride[0] + h * rows.beta_stride[1]]);
+    const float* v_in = v + b * rows.v_stride[0] + h * rows.v_stride[1];
+    float* s = state + b * rows.state_stride[0] + h * rows.state_stride[1];  // [key_dim, value_dim]
+    float* o = out + b * rows.out_stride[0] + h * rows.out_stride[1];
+    for (int64_t j = 0; j < value_dim; j += Vec::size()) {
+      const int64_t n = lanes(value_dim - j);
+      Vec recalled(0.0f);  // (S^T k̂)[j..]: what the state holds for this key
+      for (int64_t i = 0; i < key_dim; ++i) {
+        recalled = recalled + Vec::loadu(s + i * value_dim + j, n) * decay * Vec(k_hat[i]);
+      }
+      const Vec delta = (Vec::loadu(v_in + j, n) - recalled) * gain;
+      Vec read(0.0f);
+      for (int64_t i = 0; i < key_dim; ++i) {
+        const Vec updated = Vec::loadu(s + i * value_dim + j, n) * decay + Vec(k_hat[i]) * delta;
+        updated.store(s + i * value_dim + j, n);
+        read = at::vec::fmadd(updated, Vec(q_hat[i]), read);
+      }
+      read.store(o + j, n);
     }
   }
 }

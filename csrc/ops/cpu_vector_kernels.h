@@ -1,5 +1,5 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu), compiled for AVX2 +
-// FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu),
+// compiled for AVX2 + FMA on x86-64.
 #pragma once
 
 #include <cstdint>
@@ -8,11 +8,11 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
 /// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
-/// rope_cpu, decode_attention_cpu) runs when it says yes. (ATen's own kernels dispatch on the CPU at run time; ours
-/// are built for the one instruction set nearly every x86-64 server has, behind this check.) Every op decides by
-/// dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone gets. rope_cpu
-/// equals its formula bit for bit; swiglu, rmsnorm_cpu and decode_attention_cpu differ from theirs by float32 ulps,
-/// which every check across computation orders allows.
+/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu) runs when it says yes. (ATen's own kernels dispatch on the
+/// CPU at run time; ours are built for the one instruction set nearly every x86-64 server has, behind this check.)
+/// Every op decides by dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone
+/// gets. rope_cpu equals its formula bit for bit; the others differ from theirs by float32 ulps, which every check
+/// across computation orders allows.
 bool cpu_vector_kernels_supported();
 
 /// Turns every fused CPU op on or off for the ops chosen from now on (the benchmark's in-process A/B of the fused
@@ -67,6 +67,20 @@ struct DecodeAttentionRows {
 void decode_attention(const float* q, const float* k_new, const float* v_new, float* k_cache, float* v_cache,
                       const int64_t* cache_rows, const int64_t* positions, float* out, float* scores,
                       const DecodeAttentionRows& rows, int64_t begin, int64_t end);
+
+/// Where one gated-delta-rule decode step's tensors live (element strides; every last dim is unit-stride): q and k
+/// [B, key_heads, key_dim], v and out [B, heads, value_dim], g and beta [B, heads], and the states [B, heads, key_dim,
+/// value_dim] (each head's [key_dim, value_dim] matrix contiguous). Value head h reads key head h / heads_per_key.
+struct GatedDeltaRows {
+  int64_t heads = 0, heads_per_key = 0, key_dim = 0, value_dim = 0;
+  int64_t q_stride[2] = {0, 0}, k_stride[2] = {0, 0}, v_stride[2] = {0, 0}, out_stride[2] = {0, 0};  // batch, head
+  int64_t g_stride[2] = {0, 0}, beta_stride[2] = {0, 0}, state_stride[2] = {0, 0};                // batch, head
+};
+/// Tasks [begin, end) of B * heads, task (b, h): with q̂ = l2norm(q) / sqrt(key_dim), k̂ = l2norm(k) (x / sqrt(sum
+/// x^2 + 1e-6)) and S = exp(g) * state, writes state = S + k̂ ⊗ (beta * (v - S^T k̂)) and out = state^T q̂.
+/// scratch: 2 * key_dim floats of the caller's.
+void gated_delta_step(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                      float* out, float* scratch, const GatedDeltaRows& rows, int64_t begin, int64_t end);
 
 }  // namespace cpu_kernels
 }  // namespace skyrl_tx::ops

@@ -1,11 +1,12 @@
 // Tests the gated delta rule (models/gated_deltanet.h): the chunked form equals the per-token recurrence it
 // condenses (with an initial state, GQA-style value heads, lengths inside/across chunks), chunk size is invisible,
-// and padding with g = beta = 0 leaves the state untouched.
+// and padding with g = beta = 0 leaves the state untouched; the fused CPU decode step equals the recurrent formula.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include "models/gated_deltanet.h"
+#include "ops/gated_delta_step_cpu.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
 
@@ -88,6 +89,81 @@ TEST(GatedDeltaRule, GradientsFlowToEveryInput) {
     EXPECT_GT(t->grad().abs().max().item<float>(), 0.0f);
     EXPECT_TRUE(t->grad().isfinite().all().item<bool>());
   }
+}
+
+// One decode step's inputs laid out as GatedDeltaNet::forward makes them: q, k, v narrowed out of one wider row per
+// token (the conv's output), the states a view of the first B rows of a cache with rows to spare.
+struct StepInputs {
+  at::Tensor q, k, v, g, beta, cache;  // cache: [B + 2, Hv, Dk, Dv]
+};
+
+StepInputs make_step(int64_t batch, int64_t key_heads, int64_t heads, int64_t key_dim, int64_t value_dim,
+                     uint64_t seed) {
+  at::Generator gen = make_gen(seed);
+  const int64_t qk = key_heads * key_dim;
+  const at::Tensor mixed = randn({batch, 1, 2 * qk + heads * value_dim + 3}, gen);  // [B, 1, conv_dim + spare]
+  StepInputs in;
+  in.q = mixed.narrow(-1, 0, qk).reshape({batch, 1, key_heads, key_dim});
+  in.k = mixed.narrow(-1, qk, qk).reshape({batch, 1, key_heads, key_dim});
+  in.v = mixed.narrow(-1, 2 * qk, heads * value_dim).reshape({batch, 1, heads, value_dim});
+  in.g = -at::softplus(randn({batch, 1, heads}, gen));
+  in.beta = at::sigmoid(randn({batch, 1, heads}, gen));
+  in.cache = randn({batch + 2, heads, key_dim, value_dim}, gen, 0.5);
+  return in;
+}
+
+// GQA at the bench's Qwen3.5 shape (8 value heads on 4 key heads of 64), one value head per key head with ragged
+// vector tails (Dk 20, Dv 36), and narrow heads (Dv 6, under one vector); three steps each, so the second and third
+// read a state the kernel wrote. The state of the rows past B must not move.
+TEST(GatedDeltaRule, FusedCpuDecodeStepEqualsTheRecurrentFormula) {
+  struct Case {
+    int64_t batch, key_heads, heads, key_dim, value_dim;
+  };
+  c10::NoGradGuard no_grad;
+  for (const Case& c : {Case{5, 4, 8, 64, 64}, Case{3, 3, 3, 20, 36}, Case{2, 2, 4, 8, 6}}) {
+    const StepInputs in = make_step(c.batch, c.key_heads, c.heads, c.key_dim, c.value_dim, 7);
+    at::Tensor fused_cache = in.cache.clone(), formula_cache = in.cache.clone();
+    at::Tensor fused_state = fused_cache.narrow(0, 0, c.batch), formula_state = formula_cache.narrow(0, 0, c.batch);
+    ASSERT_TRUE(ops::gated_delta_step_cpu_applies(fused_state));
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor out = ops::gated_delta_step_cpu(in.q, in.k, in.v, in.g, in.beta, fused_state);
+      const at::Tensor expected = recurrent_gated_delta_step(in.q, in.k, in.v, in.g, in.beta, formula_state);
+      ASSERT_EQ(out.sizes(), expected.sizes());
+      EXPECT_TENSOR_CLOSE(out, expected, 1e-5, 1e-6);
+      EXPECT_TENSOR_CLOSE(fused_cache, formula_cache, 1e-5, 1e-6);
+    }
+    EXPECT_TENSOR_EQ(fused_cache.narrow(0, c.batch, 2), in.cache.narrow(0, c.batch, 2));
+  }
+  // bfloat16 activations (a bf16 model on the CPU): both compute in float32 and round the output to bf16.
+  const StepInputs in = make_step(2, 2, 4, 16, 16, 8);
+  at::Tensor fused = in.cache.narrow(0, 0, 2).clone(), formula = fused.clone();
+  const auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  const at::Tensor out = ops::gated_delta_step_cpu(bf16(in.q), bf16(in.k), bf16(in.v), in.g, bf16(in.beta), fused);
+  const at::Tensor expected = recurrent_gated_delta_step(bf16(in.q), bf16(in.k), bf16(in.v), in.g, bf16(in.beta),
+                                                         formula);
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  EXPECT_TENSOR_CLOSE(out.to(at::kFloat), expected.to(at::kFloat), 1e-2, 1e-2);
+  EXPECT_TENSOR_CLOSE(fused, formula, 1e-5, 1e-6);
+}
+
+// A row's step is its own: run alone it is the same bit for bit. Training, other state dtypes and a state whose head
+// matrices are not contiguous keep the formula.
+TEST(GatedDeltaRule, FusedCpuDecodeStepOfARowAloneEqualsItInABatchBitForBit) {
+  c10::NoGradGuard no_grad;
+  const StepInputs in = make_step(4, 4, 8, 64, 64, 9);
+  at::Tensor whole = in.cache.narrow(0, 0, 4).clone();
+  const at::Tensor out = ops::gated_delta_step_cpu(in.q, in.k, in.v, in.g, in.beta, whole);
+  for (int64_t b = 0; b < 4; ++b) {
+    at::Tensor alone = in.cache.narrow(0, b, 1).clone();
+    const auto row = [b](const at::Tensor& t) { return t.narrow(0, b, 1); };
+    EXPECT_TENSOR_EQ(ops::gated_delta_step_cpu(row(in.q), row(in.k), row(in.v), row(in.g), row(in.beta), alone),
+                     out.narrow(0, b, 1));
+    EXPECT_TENSOR_EQ(alone, whole.narrow(0, b, 1));
+  }
+  EXPECT_FALSE(ops::gated_delta_step_cpu_applies(whole.to(at::kDouble)));
+  EXPECT_FALSE(ops::gated_delta_step_cpu_applies(whole.transpose(2, 3)));
+  c10::AutoGradMode training(true);
+  EXPECT_FALSE(ops::gated_delta_step_cpu_applies(whole));
 }
 
 }  // namespace
