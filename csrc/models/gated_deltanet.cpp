@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "models/packed_attention.h"
+#include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 
 namespace skyrl_tx::models {
@@ -96,6 +97,12 @@ at::Tensor recurrent_gated_delta_step(const at::Tensor& q_in, const at::Tensor& 
   return out.unsqueeze(1).to(q_in.scalar_type());                        // [B, 1, H, Dv]
 }
 
+at::Tensor causal_conv_step(const at::Tensor& x, at::Tensor& state, const at::Tensor& weight) {
+  at::Tensor window = at::cat({state, x.to(state.scalar_type())}, -1);  // [B, C, K]
+  state.copy_(window.narrow(-1, 1, window.size(-1) - 1));
+  return (window * weight).sum(-1, /*keepdim=*/true);  // [B, C, 1]
+}
+
 at::Tensor GatedRmsNorm::forward(const at::Tensor& x, const at::Tensor& gate) const {
   at::Tensor normed = rms_normalized_f32(x, eps_).to(x.scalar_type());
   return (weight_ * normed * at::silu(gate.to(at::kFloat))).to(x.scalar_type());
@@ -133,10 +140,10 @@ at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, 
   at::Tensor out;
   if (cache != nullptr && cache->decode) {
     SKYRL_TX_INTERNAL_ASSERT(seq == 1, "decode feeds one token per row");
-    at::Tensor state = cache->conv_states->at(layer).narrow(0, 0, batch);   // [B, C, K - 1], cache rows [0, B)
-    at::Tensor window = at::cat({state, x.to(state.scalar_type())}, -1);   // [B, C, K]
-    state.copy_(window.narrow(-1, 1, kernel_ - 1));
-    out = (window * conv_weight_.view({channels, kernel_})).sum(-1, /*keepdim=*/true);  // [B, C, 1]
+    at::Tensor state = cache->conv_states->at(layer).narrow(0, 0, batch);  // [B, C, K - 1], cache rows [0, B)
+    const at::Tensor weight = conv_weight_.view({channels, kernel_});
+    out = ops::conv_step_cpu_applies(state, weight) ? ops::conv_step_cpu(x, state, weight)
+                                                    : causal_conv_step(x, state, weight);  // [B, C, 1]
   } else {
     out = at::conv1d(x, conv_weight_, /*bias=*/{}, /*stride=*/1, /*padding=*/kernel_ - 1, /*dilation=*/1,
                      /*groups=*/channels)

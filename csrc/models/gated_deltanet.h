@@ -25,6 +25,11 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, co
 at::Tensor recurrent_gated_delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& g, const at::Tensor& beta, at::Tensor& state);
 
+/// One token of the depthwise causal conv1d (the decode step's twin of at::conv1d with kernel - 1 left padding):
+/// x [B, C, 1], state [B, C, kernel - 1] (the last inputs, oldest first; shifted in place to end with x), weight
+/// [C, kernel]. Returns [B, C, 1] in the state's dtype, before the activation.
+at::Tensor causal_conv_step(const at::Tensor& x, at::Tensor& state, const at::Tensor& weight);
+
 /// RMSNorm over each value head, then times silu(gate) (Qwen3_5RMSNormGated: plain weight, not zero-centred).
 class GatedRmsNorm {
  public:

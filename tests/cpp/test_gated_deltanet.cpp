@@ -1,11 +1,13 @@
 // Tests the gated delta rule (models/gated_deltanet.h): the chunked form equals the per-token recurrence it
 // condenses (with an initial state, GQA-style value heads, lengths inside/across chunks), chunk size is invisible,
-// and padding with g = beta = 0 leaves the state untouched; the fused CPU decode step equals the recurrent formula.
+// and padding with g = beta = 0 leaves the state untouched; the fused CPU decode steps (delta rule, conv) equal their
+// formulas.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include "models/gated_deltanet.h"
+#include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -164,6 +166,33 @@ TEST(GatedDeltaRule, FusedCpuDecodeStepOfARowAloneEqualsItInABatchBitForBit) {
   EXPECT_FALSE(ops::gated_delta_step_cpu_applies(whole.transpose(2, 3)));
   c10::AutoGradMode training(true);
   EXPECT_FALSE(ops::gated_delta_step_cpu_applies(whole));
+}
+
+// The conv's decode step: a strided x (a transposed projection, as GatedDeltaNet::conv passes it), states a view of a
+// cache's first rows, three chained tokens (each reads the state the last one shifted), then a kernel of 2 (one kept
+// input). The products are the formula's; only the 4-term sum may round in another order.
+TEST(GatedDeltaRule, FusedCpuConvStepEqualsTheFormula) {
+  c10::NoGradGuard no_grad;
+  for (const int64_t kernel : {4, 2}) {
+    at::Generator gen = make_gen(10 + kernel);
+    const int64_t batch = 3, channels = 37;
+    const at::Tensor weight = randn({channels, kernel}, gen);
+    const at::Tensor cache = randn({batch + 2, channels, kernel - 1}, gen);
+    at::Tensor fused_cache = cache.clone(), formula_cache = cache.clone();
+    at::Tensor fused = fused_cache.narrow(0, 0, batch), formula = formula_cache.narrow(0, 0, batch);
+    ASSERT_TRUE(ops::conv_step_cpu_applies(fused, weight));
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor x = randn({batch, 1, channels}, gen).transpose(1, 2);  // [B, C, 1], strided
+      EXPECT_TENSOR_CLOSE(ops::conv_step_cpu(x, fused, weight), causal_conv_step(x, formula, weight), 1e-5, 1e-6);
+      EXPECT_TENSOR_EQ(fused_cache, formula_cache);  // the shift moves values, it computes nothing
+    }
+    EXPECT_TENSOR_EQ(fused_cache.narrow(0, batch, 2), cache.narrow(0, batch, 2));
+  }
+  const at::Tensor state = at::zeros({2, 8, 3});
+  EXPECT_FALSE(ops::conv_step_cpu_applies(state.to(at::kBFloat16), at::zeros({8, 4})));
+  EXPECT_FALSE(ops::conv_step_cpu_applies(at::zeros({2, 3, 8}).transpose(1, 2), at::zeros({8, 4})));
+  c10::AutoGradMode training(true);
+  EXPECT_FALSE(ops::conv_step_cpu_applies(state, at::zeros({8, 4})));
 }
 
 }  // namespace
