@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "models/packed_attention.h"
+#include "ops/conv_silu_cpu.h"
 #include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 
@@ -103,6 +104,14 @@ at::Tensor causal_conv_step(const at::Tensor& x, at::Tensor& state, const at::Te
   return (window * weight).sum(-1, /*keepdim=*/true);  // [B, C, 1]
 }
 
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t channels = weight.size(0), kernel = weight.size(1), seq = x.size(1);
+  const at::Tensor pre = at::conv1d(x.transpose(1, 2), weight.view({channels, 1, kernel}), /*bias=*/{}, /*stride=*/1,
+                                    /*padding=*/kernel - 1, /*dilation=*/1, /*groups=*/channels)
+                             .narrow(-1, 0, seq);  // [B, C, T]
+  return at::silu(pre).transpose(1, 2);  // [B, T, C]
+}
+
 at::Tensor GatedRmsNorm::forward(const at::Tensor& x, const at::Tensor& gate) const {
   at::Tensor normed = rms_normalized_f32(x, eps_).to(x.scalar_type());
   return (weight_ * normed * at::silu(gate.to(at::kFloat))).to(x.scalar_type());
@@ -137,29 +146,25 @@ GatedDeltaNet::GatedDeltaNet(const ModelConfig& config, BuildContext& ctx, const
 at::Tensor GatedDeltaNet::conv(const at::Tensor& qkv, const KvCacheView* cache, int64_t layer) const {
   const int64_t batch = qkv.size(0), seq = qkv.size(1), channels = qkv.size(2);
   at::Tensor x = qkv.transpose(1, 2);  // [B, C, T]
-  at::Tensor out;
+  const at::Tensor weight = conv_weight_.view({channels, kernel_});
   if (cache != nullptr && cache->decode) {
     SKYRL_TX_INTERNAL_ASSERT(seq == 1, "decode feeds one token per row");
     at::Tensor state = cache->conv_states->at(layer).narrow(0, 0, batch);  // [B, C, K - 1], cache rows [0, B)
-    const at::Tensor weight = conv_weight_.view({channels, kernel_});
-    out = ops::conv_step_cpu_applies(state, weight) ? ops::conv_step_cpu(x, state, weight)
-                                                    : causal_conv_step(x, state, weight);  // [B, C, 1]
-  } else {
-    out = at::conv1d(x, conv_weight_, /*bias=*/{}, /*stride=*/1, /*padding=*/kernel_ - 1, /*dilation=*/1,
-                     /*groups=*/channels)
-              .narrow(-1, 0, seq);  // [B, C, T]
-    if (cache != nullptr) {
-      SKYRL_TX_CHECK(!cache->extend, Internal, "Gated DeltaNet layers have no prefix cache (it is off for them)");
-      SKYRL_TX_INTERNAL_ASSERT(cache->lengths.defined(), "a prefill into a recurrent state needs each row's length");
-      // Each row's state: its last kernel - 1 real inputs, zeros before the start (left-padded window).
-      at::Tensor padded = at::constant_pad_nd(x, {kernel_ - 1, 0});  // [B, C, T + K - 1]
-      at::Tensor idx = (cache->lengths.view({batch, 1, 1}) + at::arange(kernel_ - 1, cache->lengths.options()))
-                           .expand({batch, channels, kernel_ - 1});
-      at::Tensor states = cache->conv_states->at(layer);  // a handle: shares the cache's storage
-      states.index_copy_(0, cache->rows, padded.gather(2, idx).to(states.scalar_type()));
-    }
+    const at::Tensor out = ops::conv_step_cpu_applies(state, weight) ? ops::conv_step_cpu(x, state, weight)
+                                                                     : causal_conv_step(x, state, weight);
+    return at::silu(out).transpose(1, 2);  // [B, 1, C]
   }
-  return at::silu(out).transpose(1, 2);  // [B, T, C]
+  if (cache != nullptr) {
+    SKYRL_TX_CHECK(!cache->extend, Internal, "Gated DeltaNet layers have no prefix cache (it is off for them)");
+    SKYRL_TX_INTERNAL_ASSERT(cache->lengths.defined(), "a prefill into a recurrent state needs each row's length");
+    // Each row's state: its last kernel - 1 real inputs, zeros before the start (left-padded window).
+    at::Tensor padded = at::constant_pad_nd(x, {kernel_ - 1, 0});  // [B, C, T + K - 1]
+    at::Tensor idx = (cache->lengths.view({batch, 1, 1}) + at::arange(kernel_ - 1, cache->lengths.options()))
+                         .expand({batch, channels, kernel_ - 1});
+    at::Tensor states = cache->conv_states->at(layer);  // a handle: shares the cache's storage
+    states.index_copy_(0, cache->rows, padded.gather(2, idx).to(states.scalar_type()));
+  }
+  return ops::conv_silu_cpu_applies(qkv, weight) ? ops::conv_silu_cpu(qkv, weight) : causal_conv_silu(qkv, weight);
 }
 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& /*cos*/, const at::Tensor& /*sin*/,

@@ -25,6 +25,10 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, co
 at::Tensor recurrent_gated_delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& g, const at::Tensor& beta, at::Tensor& state);
 
+/// The depthwise causal conv1d (kernel - 1 zeros before each sequence) and its SiLU over a whole sequence: x [B, T, C],
+/// weight [C, kernel] → [B, T, C] (at::conv1d on x transposed to [B, C, T], then back).
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight);
+
 /// One token of the depthwise causal conv1d (the decode step's twin of at::conv1d with kernel - 1 left padding):
 /// x [B, C, 1], state [B, C, kernel - 1] (the last inputs, oldest first; shifted in place to end with x), weight
 /// [C, kernel]. Returns [B, C, 1] in the state's dtype, before the activation.

@@ -1,5 +1,5 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu),
-// compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu,
+// conv_silu_cpu), compiled for AVX2 + FMA on x86-64.
 // NOTE: CMake builds this file alone with -mavx2 -mfma and CPU_CAPABILITY=AVX2, so at::vec::Vectorized is ATen's
 // 8-wide AVX2 vector (in its own at::vec::AVX2 namespace: no clash with default-compiled code). Nothing here may
 // run before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here (its
@@ -310,6 +310,68 @@ void gated_delta_step(const float* q, const float* k, const float* v, const floa
         read = at::vec::fmadd(updated, Vec(q_hat[i]), read);
       }
       read.store(o + j, n);
+    }
+  }
+}
+
+namespace {
+
+// The conv's pre-activation at token row `row` (of B * T), channels [c, c + n): the window's products added oldest
+// first, each rounded (the decode step's conv_step_cpu adds the same products in the same order).
+Vec conv_pre(const float* x, const float* w, const CausalConvRows& rows, int64_t row, int64_t c, int64_t n) {
+  const int64_t b = row / rows.tokens, t = row % rows.tokens;
+  Vec pre(0.0f);
+  for (int64_t k = 0; k < rows.kernel; ++k) {
+    const int64_t source = t - (rows.kernel - 1) + k;
+    if (source < 0) continue;
+    pre = pre + Vec::loadu(x + b * rows.x_stride[0] + source * rows.x_stride[1] + c, n) *
+                    Vec::loadu(w + k * rows.channels + c, n);
+  }
+  return pre;
+}
+
+}  // namespace
+
+void conv_silu_forward(const float* x, const float* w, float* out, const CausalConvRows& rows, int64_t begin,
+                       int64_t end) {
+  const Vec one(1.0f);
+  for (int64_t row = begin; row < end; ++row) {
+    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
+      const int64_t n = lanes(rows.channels - c);
+      const Vec pre = conv_pre(x, w, rows, row, c, n);
+      (pre / (one + pre.neg().exp_u20())).store(out + row * rows.channels + c, n);
+    }
+  }
+}
+
+void conv_silu_grad_pre(const float* grad, const float* x, const float* w, float* grad_pre, const CausalConvRows& rows,
+                        int64_t begin, int64_t end) {
+  const Vec one(1.0f);
+  for (int64_t row = begin; row < end; ++row) {
+    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
+      const int64_t n = lanes(rows.channels - c);
+      const Vec pre = conv_pre(x, w, rows, row, c, n);
+      const Vec sig = one / (one + pre.neg().exp_u20());
+      const int64_t at = row * rows.channels + c;
+      (Vec::loadu(grad + at, n) * sig * (one + pre * (one - sig))).store(grad_pre + at, n);
+    }
+  }
+}
+
+void conv_grad_input(const float* grad_pre, const float* w, float* grad_x, const CausalConvRows& rows, int64_t begin,
+                     int64_t end) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t t = row % rows.tokens;
+    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
+      const int64_t n = lanes(rows.channels - c);
+      Vec sum(0.0f);
+      for (int64_t k = rows.kernel - 1; k >= 0; --k) {  // the tokens this one feeds, nearest first
+        const int64_t target = t + (rows.kernel - 1) - k;
+        if (target >= rows.tokens) continue;
+        sum = sum + Vec::loadu(grad_pre + (row - t + target) * rows.channels + c, n) *
+                        Vec::loadu(w + k * rows.channels + c, n);
+      }
+      sum.store(grad_x + row * rows.channels + c, n);
     }
   }
 }

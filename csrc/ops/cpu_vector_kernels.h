@@ -1,5 +1,5 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu),
-// compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu,
+// conv_silu_cpu), compiled for AVX2 + FMA on x86-64.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
 /// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
-/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu) runs when it says yes. (ATen's own kernels dispatch on the
+/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu, conv_step_cpu, conv_silu_cpu) runs when it says yes. (ATen's own kernels dispatch on the
 /// CPU at run time; ours are built for the one instruction set nearly every x86-64 server has, behind this check.)
 /// Every op decides by dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone
 /// gets. rope_cpu equals its formula bit for bit; the others differ from theirs by float32 ulps, which every check
@@ -81,6 +81,23 @@ struct GatedDeltaRows {
 /// scratch: 2 * key_dim floats of the caller's.
 void gated_delta_step(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                       float* out, float* scratch, const GatedDeltaRows& rows, int64_t begin, int64_t end);
+
+/// Where a depthwise causal conv over tokens reads (Gated DeltaNet's conv1d in [B, T, C] layout): x with its batch and
+/// token strides (channels unit-stride), weights transposed to [kernel, C]; outputs and gradients contiguous [B, T, C].
+struct CausalConvRows {
+  int64_t tokens = 0, channels = 0, kernel = 0;
+  int64_t x_stride[2] = {0, 0};  // batch, token
+};
+/// Token rows [begin, end) of B * T: pre = sum over k of w[k] * x[t - kernel + 1 + k] in window order (nothing before
+/// the sequence start), out = silu(pre).
+void conv_silu_forward(const float* x, const float* w, float* out, const CausalConvRows& rows, int64_t begin,
+                       int64_t end);
+/// Token rows [begin, end): grad_pre = grad * silu'(pre), pre recomputed from x as forward computes it.
+void conv_silu_grad_pre(const float* grad, const float* x, const float* w, float* grad_pre, const CausalConvRows& rows,
+                        int64_t begin, int64_t end);
+/// Token rows [begin, end): grad_x[t] = sum over k of w[k] * grad_pre[t + kernel - 1 - k] (inside the sequence).
+void conv_grad_input(const float* grad_pre, const float* w, float* grad_x, const CausalConvRows& rows, int64_t begin,
+                     int64_t end);
 
 }  // namespace cpu_kernels
 }  // namespace skyrl_tx::ops

@@ -1,12 +1,13 @@
 // Tests the gated delta rule (models/gated_deltanet.h): the chunked form equals the per-token recurrence it
 // condenses (with an initial state, GQA-style value heads, lengths inside/across chunks), chunk size is invisible,
-// and padding with g = beta = 0 leaves the state untouched; the fused CPU decode steps (delta rule, conv) equal their
-// formulas.
+// and padding with g = beta = 0 leaves the state untouched; the fused CPU ops (the decode steps of the delta rule and
+// the conv, the conv + SiLU over whole sequences) equal their formulas.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include "models/gated_deltanet.h"
+#include "ops/conv_silu_cpu.h"
 #include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "testing/tensor_asserts.h"
@@ -193,6 +194,33 @@ TEST(GatedDeltaRule, FusedCpuConvStepEqualsTheFormula) {
   EXPECT_FALSE(ops::conv_step_cpu_applies(at::zeros({2, 3, 8}).transpose(1, 2), at::zeros({8, 4})));
   c10::AutoGradMode training(true);
   EXPECT_FALSE(ops::conv_step_cpu_applies(state, at::zeros({8, 4})));
+}
+
+// The conv + SiLU over whole sequences, forward and both gradients: x a packed run's view ([count, len, C] of a wider
+// row, as GatedDeltaNet::forward passes it), a ragged channel tail (C = 37), sequences shorter than the kernel.
+TEST(GatedDeltaRule, FusedCpuConvSiluEqualsConv1dThenSilu) {
+  struct Case {
+    int64_t batch, tokens, channels, kernel;
+  };
+  for (const Case& c : {Case{3, 20, 37, 4}, Case{2, 2, 64, 4}, Case{1, 9, 16, 2}}) {
+    at::Generator gen = make_gen(20 + c.tokens);
+    const at::Tensor row = randn({1, c.batch * c.tokens + 5, c.channels}, gen);  // [1, N, C]: the run, then more
+    const at::Tensor x0 = row.narrow(1, 0, c.batch * c.tokens).squeeze(0).unflatten(0, {c.batch, c.tokens});
+    const at::Tensor w0 = randn({c.channels, c.kernel}, gen, 0.5), upstream = randn({c.batch, c.tokens, c.channels},
+                                                                                     gen);
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor rx = x0.clone().requires_grad_(true), rw = w0.clone().requires_grad_(true);
+    ASSERT_TRUE(ops::conv_silu_cpu_applies(x0, w0));
+    const at::Tensor out = ops::conv_silu_cpu(x0, w0);  // the strided view itself, no autograd
+    const at::Tensor expected = causal_conv_silu(rx, rw);
+    EXPECT_TENSOR_CLOSE(out, expected, 1e-5, 1e-6);
+    (ops::conv_silu_cpu(x, w) * upstream).sum().backward();
+    (expected * upstream).sum().backward();
+    EXPECT_TENSOR_CLOSE(x.grad(), rx.grad(), 1e-5, 1e-5);
+    EXPECT_TENSOR_CLOSE(w.grad(), rw.grad(), 1e-4, 1e-5);
+  }
+  EXPECT_FALSE(ops::conv_silu_cpu_applies(at::zeros({2, 3, 8}, at::kDouble), at::zeros({8, 4})));
+  EXPECT_FALSE(ops::conv_silu_cpu_applies(at::zeros({2, 8, 3}).transpose(1, 2), at::zeros({8, 4})));
 }
 
 }  // namespace
