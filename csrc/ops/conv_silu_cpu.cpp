@@ -65,7 +65,7 @@ class ConvSiluFunction : public torch::autograd::Function<ConvSiluFunction> {
         cpu_kernels::conv_grad_input(pre_p, wp, gx, rows, begin, end);
       });
     }
-    if (ctx->needs_input_grad(1)) {  // a full fine-tune's conv weight: tap k pairs token t with input t - kernel + 1 + k
+    if (ctx->needs_input_grad(1)) {  // a full fine-tune's conv weight: tap k pairs token t with input t - lag
       std::vector<at::Tensor> taps;
       for (int64_t k = 0; k < kernel; ++k) {
         const int64_t lag = kernel - 1 - k, span = tokens - lag;

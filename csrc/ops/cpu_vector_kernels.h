@@ -8,8 +8,9 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
 /// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
-/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu, conv_step_cpu, conv_silu_cpu) runs when it says yes. (ATen's own kernels dispatch on the
-/// CPU at run time; ours are built for the one instruction set nearly every x86-64 server has, behind this check.)
+/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu, conv_step_cpu, conv_silu_cpu) runs when it says yes.
+/// (ATen's own kernels dispatch on the CPU at run time; ours are built for the one instruction set nearly every x86-64
+/// server has, behind this check.)
 /// Every op decides by dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone
 /// gets. rope_cpu equals its formula bit for bit; the others differ from theirs by float32 ulps, which every check
 /// across computation orders allows.
