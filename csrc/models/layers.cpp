@@ -53,7 +53,10 @@ at::Tensor rms_normalized_f32(const at::Tensor& x, double eps) {
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) const {
   if (zero_centered_) {  // (x * w) in float32, then the cast (Qwen3_5RMSNorm), unlike Llama's cast-then-scale
-    return (rms_normalized_f32(x, eps_) * (1.0 + weight_.to(at::kFloat))).to(x.scalar_type());
+    const at::Tensor scale = 1.0 + weight_.to(at::kFloat);  // [dim] float32; the weight's gradient flows through it
+    // float32 activations: the cast is a no-op, so this is the fused kernel's w * (x * rstd) with w = 1 + weight.
+    if (ops::rmsnorm_cpu_applies(x, scale)) return ops::rmsnorm_cpu(x, scale, eps_);
+    return (rms_normalized_f32(x, eps_) * scale).to(x.scalar_type());
   }
   if (ops::can_use_fused_rmsnorm(x)) return ops::fused_rmsnorm(x, weight_, eps_);
   if (ops::rmsnorm_cpu_applies(x, weight_)) return ops::rmsnorm_cpu(x, weight_, eps_);

@@ -55,6 +55,22 @@ TEST(RmsNorm, Bf16InputNormalisesInFloat32) {
   EXPECT_TENSOR_CLOSE(y, expected, 2e-2, 2e-2);
 }
 
+// Qwen3.5's zero-centred norm scales by (1 + weight); in float32 it takes the fused CPU kernel with that scale. Its
+// output and the gradients to x and to the (trained) weight equal Qwen3_5RMSNorm's formula.
+TEST(RmsNorm, ZeroCenteredEqualsItsFormulaWithGradients) {
+  at::Generator gen = make_gen(4);
+  const at::Tensor w0 = randn({48}, gen, 0.1), x0 = randn({3, 5, 48}, gen, 3.0), upstream = randn({3, 5, 48}, gen);
+  at::Tensor w = w0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true);
+  at::Tensor rw = w0.clone().requires_grad_(true), rx = x0.clone().requires_grad_(true);
+  const at::Tensor y = RmsNorm(w, 1e-6, /*zero_centered=*/true).forward(x);
+  const at::Tensor expected = rx / at::sqrt(rx.pow(2).mean(-1, true) + 1e-6) * (1.0 + rw);
+  EXPECT_TENSOR_CLOSE(y, expected, 1e-5, 1e-6);
+  (y * upstream).sum().backward();
+  (expected * upstream).sum().backward();
+  EXPECT_TENSOR_CLOSE(x.grad(), rx.grad(), 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(w.grad(), rw.grad(), 1e-5, 1e-5);
+}
+
 TEST(SwiGluMlp, MatchesFormula) {
   ModelConfig c = skyrl_tx::testing::tiny_qwen3_config();
   at::Generator gen = make_gen(3);
