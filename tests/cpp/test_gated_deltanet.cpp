@@ -223,5 +223,25 @@ TEST(GatedDeltaRule, FusedCpuConvSiluEqualsConv1dThenSilu) {
   EXPECT_FALSE(ops::conv_silu_cpu_applies(at::zeros({2, 8, 3}).transpose(1, 2), at::zeros({8, 4})));
 }
 
+// The gated norm after the rule (Qwen3_5RMSNormGated): in float32 on the CPU, fused RMSNorm then fused SiLU-times;
+// output and gradients to x, the gate and the (trained) weight equal the formula's.
+TEST(GatedDeltaRule, GatedRmsNormEqualsItsFormulaWithGradients) {
+  at::Generator gen = make_gen(30);
+  const at::Tensor x0 = randn({24, 36}, gen, 2.0), gate0 = randn({24, 36}, gen), w0 = 1.0 + randn({36}, gen, 0.1);
+  const at::Tensor upstream = randn({24, 36}, gen);
+  at::Tensor x = x0.clone().requires_grad_(true), gate = gate0.clone().requires_grad_(true);
+  at::Tensor w = w0.clone().requires_grad_(true);
+  at::Tensor rx = x0.clone().requires_grad_(true), rgate = gate0.clone().requires_grad_(true);
+  at::Tensor rw = w0.clone().requires_grad_(true);
+  const at::Tensor out = GatedRmsNorm(w, 1e-6).forward(x, gate);
+  const at::Tensor expected = rw * (rx / at::sqrt(rx.pow(2).mean(-1, true) + 1e-6)) * at::silu(rgate);
+  EXPECT_TENSOR_CLOSE(out, expected, 1e-5, 1e-6);
+  (out * upstream).sum().backward();
+  (expected * upstream).sum().backward();
+  EXPECT_TENSOR_CLOSE(x.grad(), rx.grad(), 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(gate.grad(), rgate.grad(), 1e-5, 1e-5);
+  EXPECT_TENSOR_CLOSE(w.grad(), rw.grad(), 1e-5, 1e-5);
+}
+
 }  // namespace
 }  // namespace skyrl_tx::models
