@@ -1,31 +1,16 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu,
-// conv_silu_cpu), compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu), compiled for AVX2 +
+// FMA on x86-64; Gated DeltaNet's are in deltanet_cpu_kernels.cpp.
 // NOTE: CMake builds this file alone with -mavx2 -mfma and CPU_CAPABILITY=AVX2, so at::vec::Vectorized is ATen's
 // 8-wide AVX2 vector (in its own at::vec::AVX2 namespace: no clash with default-compiled code). Nothing here may
 // run before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here (its
 // out-of-line copy could be the one the linker keeps for default-compiled callers): scratch comes from the caller.
 #include "ops/cpu_vector_kernels.h"
 
-#include <ATen/cpu/vec/vec.h>
-
 #include <cmath>
 
+#include "ops/cpu_vector_math.h"
+
 namespace skyrl_tx::ops::cpu_kernels {
-namespace {
-
-using Vec = at::vec::Vectorized<float>;
-
-// sum(a[i] * b[i]) over [0, n) in float.
-float dot(const float* a, const float* b, int64_t n) {
-  Vec acc(0.0f);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
-  float sum = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, acc);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-}  // namespace
 
 // NOTE: sigmoid from exp_u20 (ATen's polynomial exp, within 20 ulp: a relative error below 3e-6, far inside the
 // 1e-5 logprob parity), 1.6x faster here than the 1-ulp Sleef exp. A ragged tail runs the same vector code on a
@@ -141,8 +126,6 @@ void rope_backward(const float* grad, const float* cos, const float* sin, float*
 }
 
 namespace {
-
-int64_t lanes(int64_t left) { return left < Vec::size() ? left : Vec::size(); }
 
 // The sums of four vectors' lanes, each in one fixed tree (AVX2: two rounds of hadd, then the two 128-bit halves), so
 // a sum never depends on which vectors share its call.
@@ -268,110 +251,6 @@ void decode_attention(const float* q, const float* k_new, const float* v_new, fl
       softmax_in_place(s, keys);
       float* o = out + b * rows.out_stride[0] + head * rows.out_stride[1];  // [value_dim]
       weighted_values(s, v_row, value_stride, keys, value_dim, o);
-    }
-  }
-}
-
-// Per (row, value head), column block by column block (one vector of value columns, a partial one at a ragged tail):
-// S^T k̂ over the key rows, then the rank-1 write and state^T q̂ over them again (the head's matrix is in L1 by then).
-// Each product and sum rounds as the formula's (S = state * decay first; S + k̂ * delta, -ffp-contract=off); only
-// the sums over key rows run in another order than ATen's reduction. A row's result depends on its own tensors only.
-void gated_delta_step(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
-                      float* out, float* scratch, const GatedDeltaRows& rows, int64_t begin, int64_t end) {
-  const int64_t key_dim = rows.key_dim, value_dim = rows.value_dim;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)));
-  float *q_hat = scratch, *k_hat = scratch + key_dim;
-  for (int64_t task = begin; task < end; ++task) {
-    const int64_t b = task / rows.heads, h = task % rows.heads, key_head = h / rows.heads_per_key;
-    const float* q_in = q + b * rows.q_stride[0] + key_head * rows.q_stride[1];
-    const float* k_in = k + b * rows.k_stride[0] + key_head * rows.k_stride[1];
-    const float q_norm = 1.0f / std::sqrt(dot(q_in, q_in, key_dim) + 1e-6f);
-    const float k_norm = 1.0f / std::sqrt(dot(k_in, k_in, key_dim) + 1e-6f);
-    for (int64_t i = 0; i < key_dim; ++i) {
-      q_hat[i] = (q_in[i] * q_norm) * scale;
-      k_hat[i] = k_in[i] * k_norm;
-    }
-    const Vec decay(std::exp(g[b * rows.g_stride[0] + h * rows.g_stride[1]]));
-    const Vec gain(beta[b * rows.beta_stride[0] + h * rows.beta_stride[1]]);
-    const float* v_in = v + b * rows.v_stride[0] + h * rows.v_stride[1];
-    float* s = state + b * rows.state_stride[0] + h * rows.state_stride[1];  // [key_dim, value_dim]
-    float* o = out + b * rows.out_stride[0] + h * rows.out_stride[1];
-    for (int64_t j = 0; j < value_dim; j += Vec::size()) {
-      const int64_t n = lanes(value_dim - j);
-      Vec recalled(0.0f);  // (S^T k̂)[j..]: what the state holds for this key
-      for (int64_t i = 0; i < key_dim; ++i) {
-        recalled = recalled + Vec::loadu(s + i * value_dim + j, n) * decay * Vec(k_hat[i]);
-      }
-      const Vec delta = (Vec::loadu(v_in + j, n) - recalled) * gain;
-      Vec read(0.0f);
-      for (int64_t i = 0; i < key_dim; ++i) {
-        const Vec updated = Vec::loadu(s + i * value_dim + j, n) * decay + Vec(k_hat[i]) * delta;
-        updated.store(s + i * value_dim + j, n);
-        read = at::vec::fmadd(updated, Vec(q_hat[i]), read);
-      }
-      read.store(o + j, n);
-    }
-  }
-}
-
-namespace {
-
-// The conv's pre-activation at token row `row` (of B * T), channels [c, c + n): the window's products added oldest
-// first, each rounded (the decode step's conv_step_cpu adds the same products in the same order).
-Vec conv_pre(const float* x, const float* w, const CausalConvRows& rows, int64_t row, int64_t c, int64_t n) {
-  const int64_t b = row / rows.tokens, t = row % rows.tokens;
-  Vec pre(0.0f);
-  for (int64_t k = 0; k < rows.kernel; ++k) {
-    const int64_t source = t - (rows.kernel - 1) + k;
-    if (source < 0) continue;
-    pre = pre + Vec::loadu(x + b * rows.x_stride[0] + source * rows.x_stride[1] + c, n) *
-                    Vec::loadu(w + k * rows.channels + c, n);
-  }
-  return pre;
-}
-
-}  // namespace
-
-void conv_silu_forward(const float* x, const float* w, float* out, const CausalConvRows& rows, int64_t begin,
-                       int64_t end) {
-  const Vec one(1.0f);
-  for (int64_t row = begin; row < end; ++row) {
-    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
-      const int64_t n = lanes(rows.channels - c);
-      const Vec pre = conv_pre(x, w, rows, row, c, n);
-      (pre / (one + pre.neg().exp_u20())).store(out + row * rows.channels + c, n);
-    }
-  }
-}
-
-void conv_silu_grad_pre(const float* grad, const float* x, const float* w, float* grad_pre, const CausalConvRows& rows,
-                        int64_t begin, int64_t end) {
-  const Vec one(1.0f);
-  for (int64_t row = begin; row < end; ++row) {
-    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
-      const int64_t n = lanes(rows.channels - c);
-      const Vec pre = conv_pre(x, w, rows, row, c, n);
-      const Vec sig = one / (one + pre.neg().exp_u20());
-      const int64_t at = row * rows.channels + c;
-      (Vec::loadu(grad + at, n) * sig * (one + pre * (one - sig))).store(grad_pre + at, n);
-    }
-  }
-}
-
-void conv_grad_input(const float* grad_pre, const float* w, float* grad_x, const CausalConvRows& rows, int64_t begin,
-                     int64_t end) {
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t t = row % rows.tokens;
-    for (int64_t c = 0; c < rows.channels; c += Vec::size()) {
-      const int64_t n = lanes(rows.channels - c);
-      Vec sum(0.0f);
-      for (int64_t k = rows.kernel - 1; k >= 0; --k) {  // the tokens this one feeds, nearest first
-        const int64_t target = t + (rows.kernel - 1) - k;
-        if (target >= rows.tokens) continue;
-        sum = sum + Vec::loadu(grad_pre + (row - t + target) * rows.channels + c, n) *
-                        Vec::loadu(w + k * rows.channels + c, n);
-      }
-      sum.store(grad_x + row * rows.channels + c, n);
     }
   }
 }
