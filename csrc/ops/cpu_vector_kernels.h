@@ -1,5 +1,6 @@
-// Raw float32 loops of the fused CPU ops (swiglu, rmsnorm_cpu, rope_cpu, decode_attention_cpu, gated_delta_step_cpu,
-// conv_silu_cpu), compiled for AVX2 + FMA on x86-64.
+// Raw float32 loops of the fused CPU ops, compiled for AVX2 + FMA on x86-64: swiglu, rmsnorm_cpu, rope_cpu and
+// decode_attention_cpu's in cpu_vector_kernels.cpp, Gated DeltaNet's (gated_delta_step_cpu, conv_silu_cpu) in
+// deltanet_cpu_kernels.cpp.
 #pragma once
 
 #include <cstdint>

@@ -53,8 +53,8 @@ void delta_columns(const HeadColumns& h, int64_t j, int64_t n) {
 }  // namespace
 
 // Per (row, value head), column block by column block (four vectors of value columns, then one at a time, a partial
-// one at a ragged tail):
-// S^T k̂ over the key rows, then the rank-1 write and state^T q̂ over them again (the head's matrix is in L1 by then).
+// one at a ragged tail): S^T k̂ over the key rows, then the rank-1 write and state^T q̂ over them again (the head's
+// matrix is in L1 by then).
 // Each product and sum rounds as the formula's (S = state * decay first; S + k̂ * delta, -ffp-contract=off); only
 // the sums over key rows run in another order than ATen's reduction. A row's result depends on its own tensors only.
 void gated_delta_step(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
