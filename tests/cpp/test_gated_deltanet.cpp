@@ -1,14 +1,17 @@
 // Tests the gated delta rule (models/gated_deltanet.h): the chunked form equals the per-token recurrence it
 // condenses (with an initial state, GQA-style value heads, lengths inside/across chunks), chunk size is invisible,
-// and padding with g = beta = 0 leaves the state untouched; the fused CPU ops (the decode steps of the delta rule and
-// the conv, the conv + SiLU over whole sequences) equal their formulas.
+// and padding with g = beta = 0 leaves the state untouched; the fused CPU ops (the chunked rule with its derived
+// backward, the decode steps of the delta rule and the conv, the conv + SiLU over whole sequences) equal their
+// formulas.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include "models/gated_deltanet.h"
+#include "ops/chunk_delta_rule.h"
 #include "ops/conv_silu_cpu.h"
 #include "ops/conv_step_cpu.h"
+#include "ops/cpu_vector_kernels.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -92,6 +95,77 @@ TEST(GatedDeltaRule, GradientsFlowToEveryInput) {
     EXPECT_GT(t->grad().abs().max().item<float>(), 0.0f);
     EXPECT_TRUE(t->grad().isfinite().all().item<bool>());
   }
+}
+
+// The chunked rule's core as one autograd Function (ops::chunk_delta_rule) against its formula, forward and every
+// gradient: q, k, v, g, beta, the initial state, with upstream gradients on both the output and the final state.
+// Shapes: several chunks with narrow heads, and one chunk at the bench's Qwen3.5 head size (C = Dk = Dv = 64).
+TEST(GatedDeltaRule, FusedChunkedRuleEqualsTheFormulaWithGradients) {
+  struct Case {
+    int64_t batch, heads, chunks, chunk, key_dim, value_dim;
+    bool initial_state;
+  };
+  for (const Case& c : {Case{2, 3, 3, 16, 8, 6, true}, Case{1, 2, 1, 64, 64, 64, false},
+                        Case{1, 2, 4, 8, 12, 20, false}}) {
+    at::Generator gen = make_gen(40 + c.chunks);
+    const std::vector<int64_t> rows{c.batch, c.heads, c.chunks, c.chunk};
+    auto normed = [&](int64_t dim, double scale) {  // l2-normalised rows, as the rule's q and k arrive
+      std::vector<int64_t> shape = rows;
+      shape.push_back(dim);
+      const at::Tensor x = randn(shape, gen);
+      return x * at::rsqrt((x * x).sum(-1, true) + 1e-6) * scale;
+    };
+    std::vector<int64_t> value_shape = rows;
+    value_shape.push_back(c.value_dim);
+    const at::Tensor q0 = normed(c.key_dim, 1.0 / std::sqrt(static_cast<double>(c.key_dim))), k0 = normed(c.key_dim, 1);
+    const at::Tensor v0 = randn(value_shape, gen), g0 = -at::softplus(randn(rows, gen)) * 0.3;
+    const at::Tensor beta0 = at::sigmoid(randn(rows, gen));
+    const at::Tensor state0 = c.initial_state ? randn({c.batch, c.heads, c.key_dim, c.value_dim}, gen, 0.5)
+                                              : at::Tensor();
+    const at::Tensor up_out = randn(value_shape, gen), up_state = randn({c.batch, c.heads, c.key_dim, c.value_dim},
+                                                                        gen);
+    std::vector<at::Tensor> fused, formula;  // q, k, v, g, beta[, state] as leaves
+    for (std::vector<at::Tensor>* leaves : {&fused, &formula}) {
+      for (const at::Tensor& x : {q0, k0, v0, g0, beta0}) leaves->push_back(x.clone().requires_grad_(true));
+      if (c.initial_state) leaves->push_back(state0.clone().requires_grad_(true));
+    }
+    auto initial = [&](const std::vector<at::Tensor>& l) { return c.initial_state ? l[5] : at::Tensor(); };
+    ASSERT_TRUE(ops::chunk_delta_rule_applies(q0));
+    auto [out, state] = ops::chunk_delta_rule(fused[0], fused[1], fused[2], fused[3], fused[4], initial(fused));
+    auto [ref_out, ref_state] = chunk_delta_rule_formula(formula[0], formula[1], formula[2], formula[3], formula[4],
+                                                         initial(formula));
+    EXPECT_TENSOR_CLOSE(out, ref_out, 1e-4, 1e-5);
+    EXPECT_TENSOR_CLOSE(state, ref_state, 1e-4, 1e-5);
+    ((out * up_out).sum() + (state * up_state).sum()).backward();
+    ((ref_out * up_out).sum() + (ref_state * up_state).sum()).backward();
+    const char* names[] = {"q", "k", "v", "g", "beta", "initial state"};
+    for (size_t i = 0; i < fused.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      ASSERT_TRUE(fused[i].grad().defined());
+      EXPECT_GT(formula[i].grad().abs().max().item<double>(), 0.0);
+      EXPECT_TENSOR_CLOSE(fused[i].grad(), formula[i].grad(), 1e-4, 1e-4);
+    }
+  }
+  EXPECT_FALSE(ops::chunk_delta_rule_applies(at::zeros({1, 1, 1, 4, 4}, at::kDouble)));
+}
+
+// The whole rule (l2 norms, GQA heads, padding to whole chunks) with the fused core and with the formula: a ragged
+// length, gradients to the raw q, k, v, g and beta.
+TEST(GatedDeltaRule, ChunkedRuleWithTheFusedCoreEqualsItWithTheFormula) {
+  const Inputs in = make_inputs(2, 27, 5);
+  auto run = [&](bool fused) {
+    ops::set_fused_cpu_ops(fused);
+    std::vector<at::Tensor> leaves;
+    for (const at::Tensor& x : {in.q, in.k, in.v, in.g, in.beta}) leaves.push_back(x.clone().requires_grad_(true));
+    auto [out, state] = chunk_gated_delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], 8, at::Tensor());
+    (out.pow(2).sum() + state.sum()).backward();
+    leaves.push_back(out.detach());
+    return leaves;
+  };
+  const std::vector<at::Tensor> fused = run(true), formula = run(false);
+  ops::set_fused_cpu_ops(true);
+  EXPECT_TENSOR_CLOSE(fused[5], formula[5], 1e-4, 1e-5);
+  for (size_t i = 0; i < 5; ++i) EXPECT_TENSOR_CLOSE(fused[i].grad(), formula[i].grad(), 1e-4, 1e-4);
 }
 
 // One decode step's inputs laid out as GatedDeltaNet::forward makes them: q, k, v narrowed out of one wider row per
