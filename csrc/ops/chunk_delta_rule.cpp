@@ -12,46 +12,63 @@
 // The backward is the chain rule through these lines, derived by hand (the comments name each term).
 #include "ops/chunk_delta_rule.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 
-#include <limits>
 #include <vector>
 
 #include "common/errors.h"
+#include "ops/chunk_delta_cpu_kernels.h"
 #include "ops/cpu_vector_kernels.h"
 
 namespace skyrl_tx::ops {
 namespace {
 
+using cpu_kernels::ChunkDims;
+
 at::Tensor transposed(const at::Tensor& x) { return x.transpose(-1, -2); }
 
-// exp(cum_i - cum_j) below and on the diagonal, 0 above: [B, H, n, C, C].
-at::Tensor decay_matrix(const at::Tensor& cum) {
-  const int64_t C = cum.size(-1);
-  const at::Tensor above = at::ones({C, C}, cum.options().dtype(at::kBool)).triu(1);
-  return (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(above, -std::numeric_limits<float>::infinity()).exp_();
+// [..., rows, cols] contiguous → [groups, rows, cols]: one matrix per (batch row, head, chunk), for bmm.
+at::Tensor per_chunk(const at::Tensor& x) { return x.view({-1, x.size(-2), x.size(-1)}); }
+
+// Runs loop(begin, end) over the chunks of every (batch row, head), one chunk per task.
+template <typename Loop>
+void over_chunks(int64_t groups, const Loop& loop) {
+  at::parallel_for(0, groups, 1, loop);
 }
 
 class ChunkDeltaRuleFunction : public torch::autograd::Function<ChunkDeltaRuleFunction> {
  public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                                const at::Tensor& beta, const at::Tensor& initial_state) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in,
+                                                const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
+                                                const at::Tensor& beta_in, const at::Tensor& initial_state) {
+    const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    const at::Tensor g = g_in.contiguous(), beta = beta_in.contiguous();
     const int64_t batch = q.size(0), heads = q.size(1), chunks = q.size(2), C = q.size(3);
-    const int64_t key_dim = q.size(4), value_dim = v.size(4);
-    const at::Tensor cum = g.cumsum(-1);                    // [B, H, n, C]
-    const at::Tensor from_start = cum.exp().unsqueeze(-1);  // [B, H, n, C, 1]
-    const at::Tensor decay = decay_matrix(cum);             // [B, H, n, C, C]
-    const at::Tensor k_beta = k * beta.unsqueeze(-1);       // [B, H, n, C, Dk]
-    const at::Tensor ut = at::matmul(k_beta, transposed(k)).mul_(decay);
-    const at::Tensor intra = at::matmul(q, transposed(k)).mul_(decay);
-    // [B, H, n, C, Dv + Dk]: U | W, both right-hand sides of the UT transform in one solve
-    const at::Tensor solved = at::linalg_solve_triangular(
-        ut, at::cat({v * beta.unsqueeze(-1), k_beta * from_start}, -1), /*upper=*/false, /*left=*/true,
-        /*unitriangular=*/true);
+    const int64_t key_dim = q.size(4), value_dim = v.size(4), groups = batch * heads * chunks;
+    const ChunkDims dims{C, key_dim, value_dim};
+    const at::Tensor cum = at::empty_like(g);                                         // [B, H, n, C]
+    const at::Tensor decay = at::empty({batch, heads, chunks, C, C}, q.options());    // exp(cum_i - cum_j), j <= i
+    const at::Tensor k_beta = at::empty_like(k), q_decayed = at::empty_like(q), k_to_end = at::empty_like(k);
+    const at::Tensor rhs = at::empty({batch, heads, chunks, C, value_dim + key_dim}, q.options());
+    over_chunks(groups, [&](int64_t begin, int64_t end) {
+      cpu_kernels::chunk_prepare(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                                 g.const_data_ptr<float>(), beta.const_data_ptr<float>(), cum.data_ptr<float>(),
+                                 decay.data_ptr<float>(), k_beta.data_ptr<float>(), rhs.data_ptr<float>(),
+                                 q_decayed.data_ptr<float>(), k_to_end.data_ptr<float>(), dims, begin, end);
+    });
+    // [groups, C, C]: k_beta k^T and q k^T, then decayed in place, and the UT transform's (I + ut)^-1
+    const at::Tensor ut = at::bmm(per_chunk(k_beta), transposed(per_chunk(k)));
+    const at::Tensor intra = at::bmm(per_chunk(q), transposed(per_chunk(k)));
+    const at::Tensor inverse = at::empty_like(ut);
+    over_chunks(groups, [&](int64_t begin, int64_t end) {
+      cpu_kernels::chunk_mask_and_invert(ut.data_ptr<float>(), intra.data_ptr<float>(), decay.const_data_ptr<float>(),
+                                         inverse.data_ptr<float>(), dims, begin, end);
+    });
+    // [B, H, n, C, Dv + Dk]: U | W, both right-hand sides of the UT transform at once
+    const at::Tensor solved = at::bmm(inverse, per_chunk(rhs)).view(rhs.sizes());
     const at::Tensor values = solved.narrow(-1, 0, value_dim), w = solved.narrow(-1, value_dim, key_dim);
-    const at::Tensor k_to_end = k * (cum.narrow(-1, C - 1, 1) - cum).exp().unsqueeze(-1);  // [B, H, n, C, Dk]
     const at::Tensor chunk_decay = cum.select(-1, C - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, n, 1, 1]
 
     at::Tensor states = at::empty({batch, heads, chunks, key_dim, value_dim}, q.options());  // S entering chunk i
@@ -63,10 +80,11 @@ class ChunkDeltaRuleFunction : public torch::autograd::Function<ChunkDeltaRuleFu
       at::sub_out(fresh, values.select(2, i), at::matmul(w.select(2, i), state));
       state = state * chunk_decay.select(2, i) + at::matmul(transposed(k_to_end.select(2, i)), fresh);
     }
-    // Both halves of the output at once over all chunks: [B, H, n, C, Dv]
-    at::Tensor out = at::matmul(q * from_start, states).add_(at::matmul(intra, new_values));
-    ctx->save_for_backward({q, k, v, beta, cum, decay, ut, intra, solved, new_values, states});
-    return {out, state};
+    // Both halves of the output at once over all chunks: [groups, C, Dv]
+    at::Tensor out = at::bmm(intra, per_chunk(new_values)).baddbmm_(per_chunk(q_decayed), per_chunk(states));
+    ctx->save_for_backward(
+        {q, k, v, beta, cum, decay, ut, intra, inverse, solved, new_values, states, k_beta, q_decayed, k_to_end});
+    return {out.view(new_values.sizes()), state};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -74,22 +92,22 @@ class ChunkDeltaRuleFunction : public torch::autograd::Function<ChunkDeltaRuleFu
     RECORD_FUNCTION("skyrl_tx::chunk_delta_rule_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &beta = saved[3], &cum = saved[4];
-    const at::Tensor &decay = saved[5], &ut = saved[6], &intra = saved[7], &solved = saved[8];
-    const at::Tensor &new_values = saved[9], &states = saved[10];
+    const at::Tensor &decay = saved[5], &ut = saved[6], &intra = saved[7], &inverse = saved[8], &solved = saved[9];
+    const at::Tensor &new_values = saved[10], &states = saved[11], &k_beta = saved[12], &q_decayed = saved[13];
+    const at::Tensor& k_to_end = saved[14];
     const int64_t batch = q.size(0), heads = q.size(1), chunks = q.size(2), C = q.size(3);
-    const int64_t key_dim = q.size(4), value_dim = v.size(4);
+    const int64_t key_dim = q.size(4), value_dim = v.size(4), groups = batch * heads * chunks;
+    const ChunkDims dims{C, key_dim, value_dim};
     const at::Tensor grad_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(new_values);
-    const at::Tensor from_start = cum.exp().unsqueeze(-1);                                   // [B, H, n, C, 1]
-    const at::Tensor to_end = (cum.narrow(-1, C - 1, 1) - cum).exp().unsqueeze(-1);          // [B, H, n, C, 1]
     const at::Tensor chunk_decay = cum.select(-1, C - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, n, 1, 1]
-    const at::Tensor q_decayed = q * from_start, k_to_end = k * to_end;
     const at::Tensor w = solved.narrow(-1, value_dim, key_dim);
 
     // out = q_decayed S + intra new_values: the terms that do not wait for the state gradient, all chunks at once.
-    const at::Tensor grad_intra = at::matmul(grad_out, transposed(new_values));          // [B, H, n, C, C]
-    const at::Tensor grad_q_decayed = at::matmul(grad_out, transposed(states));          // [B, H, n, C, Dk]
-    at::Tensor grad_values = at::matmul(transposed(intra), grad_out);                    // [B, H, n, C, Dv]
-    const at::Tensor grad_state_from_out = at::matmul(transposed(q_decayed), grad_out);  // [B, H, n, Dk, Dv]
+    const at::Tensor d_out = per_chunk(grad_out);                                           // [groups, C, Dv]
+    at::Tensor grad_intra = at::bmm(d_out, transposed(per_chunk(new_values)));              // [groups, C, C]
+    const at::Tensor grad_q_decayed = at::bmm(d_out, transposed(per_chunk(states)));        // [groups, C, Dk]
+    const at::Tensor grad_values = at::bmm(transposed(intra), d_out).view(new_values.sizes());  // [B, H, n, C, Dv]
+    const at::Tensor grad_state_from_out = at::bmm(transposed(per_chunk(q_decayed)), d_out).view(states.sizes());
 
     // The reverse scan. grad_state is the gradient at the state leaving chunk i (the final state's, for the last).
     at::Tensor grad_state = grads[1].defined() ? grads[1].to(at::kFloat).clone()
@@ -103,39 +121,40 @@ class ChunkDeltaRuleFunction : public torch::autograd::Function<ChunkDeltaRuleFu
       grad_state = grad_state * chunk_decay.select(2, i) + grad_state_from_out.select(2, i) -
                    at::matmul(transposed(w.select(2, i)), grad_fresh);
     }
-    const at::Tensor grad_k_to_end = at::matmul(new_values, transposed(grad_next));  // [B, H, n, C, Dk]
-    const at::Tensor grad_chunk_decay = (grad_next * states).sum({-1, -2});          // [B, H, n]
-    const at::Tensor grad_w = at::matmul(grad_values, transposed(states)).neg_();    // [B, H, n, C, Dk]
+    const at::Tensor grad_k_to_end = at::bmm(per_chunk(new_values), transposed(per_chunk(grad_next)));
+    const at::Tensor grad_chunk_decay = (grad_next * states).sum({-1, -2});                // [B, H, n]
+    const at::Tensor grad_w = at::bmm(per_chunk(grad_values), transposed(per_chunk(states))).neg_();
 
-    // [U | W] = L^-1 rhs: rhs gets L^-T [dU | dW]; L's strictly lower part gets -(L^-T [dU | dW]) [U | W]^T.
-    const at::Tensor grad_rhs = at::linalg_solve_triangular(transposed(ut), at::cat({grad_values, grad_w}, -1),
-                                                            /*upper=*/true, /*left=*/true, /*unitriangular=*/true);
-    const at::Tensor grad_ut = at::matmul(grad_rhs, transposed(solved)).neg_().tril_(-1);  // [B, H, n, C, C]
-    const at::Tensor grad_v_beta = grad_rhs.narrow(-1, 0, value_dim);
-    const at::Tensor grad_w_rhs = grad_rhs.narrow(-1, value_dim, key_dim);  // of k_beta * from_start
-
-    // ut = (k_beta k^T) * decay and intra = (q k^T) * decay: the products' gradients, and the decay's.
-    const at::Tensor grad_kk = grad_ut * decay, grad_qk = grad_intra * decay;  // [B, H, n, C, C]
-    const at::Tensor k_beta = k * beta.unsqueeze(-1);
-    const at::Tensor grad_k_beta = at::matmul(grad_kk, k).add_(grad_w_rhs * from_start);
-    at::Tensor grad_k = at::matmul(transposed(grad_kk), k_beta)
-                            .add_(at::matmul(transposed(grad_qk), q))
-                            .add_(grad_k_to_end * to_end)
-                            .add_(grad_k_beta * beta.unsqueeze(-1));
-    const at::Tensor grad_q = at::matmul(grad_qk, k).add_(grad_q_decayed * from_start);
-
-    // d/dcum: decay[i, j] = exp(cum_i - cum_j) sends its term to i and takes it from j; the other exp(cum) factors
-    // each send (their gradient * themselves) summed over their row.
-    const at::Tensor through_decay = grad_ut * ut + grad_intra * intra;  // [B, H, n, C, C]
-    const at::Tensor to_end_term = (grad_k_to_end * k_to_end).sum(-1);  // [B, H, n, C]
-    at::Tensor grad_cum = through_decay.sum(-1) - through_decay.sum(-2) + (grad_q_decayed * q_decayed).sum(-1) +
-                          (grad_w_rhs * k_beta * from_start).sum(-1) - to_end_term;
-    grad_cum.select(-1, C - 1)
-        .add_(to_end_term.sum(-1))
-        .add_(grad_chunk_decay * chunk_decay.squeeze(-1).squeeze(-1));
-    const at::Tensor grad_g = grad_cum.flip(-1).cumsum(-1).flip(-1);  // cum = cumsum(g)
-    const at::Tensor grad_beta = (grad_k_beta * k).sum(-1) + (grad_v_beta * v).sum(-1);
-    const at::Tensor grad_v = grad_v_beta * beta.unsqueeze(-1);
+    // [U | W] = T rhs with T = (I + ut)^-1: rhs gets T^T [dU | dW]; ut's strictly lower part gets
+    // -(T^T [dU | dW]) [U | W]^T (negated and masked by chunk_decay_grads).
+    const at::Tensor grad_rhs =
+        at::bmm(transposed(inverse), at::cat({per_chunk(grad_values), grad_w}, -1));  // [groups, C, Dv + Dk]
+    at::Tensor grad_ut = at::bmm(grad_rhs, transposed(per_chunk(solved)));             // [groups, C, C]
+    at::Tensor grad_cum = at::empty_like(cum);
+    over_chunks(groups, [&](int64_t begin, int64_t end) {
+      cpu_kernels::chunk_decay_grads(grad_ut.data_ptr<float>(), grad_intra.data_ptr<float>(),
+                                     ut.const_data_ptr<float>(), intra.const_data_ptr<float>(),
+                                     decay.const_data_ptr<float>(), grad_cum.data_ptr<float>(), dims, begin, end);
+    });
+    // grad_ut, grad_intra are now the gradients at k_beta k^T and q k^T: their matmul terms.
+    const at::Tensor q3 = per_chunk(q), k3 = per_chunk(k);
+    const at::Tensor gemm_k_beta = at::bmm(grad_ut, k3);                                         // [groups, C, Dk]
+    const at::Tensor gemm_k = at::bmm(transposed(grad_ut), per_chunk(k_beta)).baddbmm_(transposed(grad_intra), q3);
+    const at::Tensor gemm_q = at::bmm(grad_intra, k3);
+    at::Tensor grad_q = at::empty_like(q), grad_k = at::empty_like(k), grad_v = at::empty_like(v);
+    at::Tensor grad_g = at::empty_like(cum), grad_beta = at::empty_like(beta);
+    const cpu_kernels::ChunkGradInputs in{
+        q.const_data_ptr<float>(),           k.const_data_ptr<float>(),           v.const_data_ptr<float>(),
+        beta.const_data_ptr<float>(),        cum.const_data_ptr<float>(),         k_beta.const_data_ptr<float>(),
+        q_decayed.const_data_ptr<float>(),   k_to_end.const_data_ptr<float>(),    grad_rhs.const_data_ptr<float>(),
+        grad_q_decayed.const_data_ptr<float>(), grad_k_to_end.const_data_ptr<float>(),
+        gemm_k_beta.const_data_ptr<float>(), gemm_k.const_data_ptr<float>(),      gemm_q.const_data_ptr<float>(),
+        grad_chunk_decay.const_data_ptr<float>()};
+    over_chunks(groups, [&](int64_t begin, int64_t end) {
+      cpu_kernels::chunk_input_grads(in, grad_cum.data_ptr<float>(), grad_q.data_ptr<float>(), grad_k.data_ptr<float>(),
+                                     grad_v.data_ptr<float>(), grad_g.data_ptr<float>(), grad_beta.data_ptr<float>(),
+                                     dims, begin, end);
+    });
     return {grad_q, grad_k, grad_v, grad_g, grad_beta, grad_state};
   }
 };
