@@ -9,7 +9,7 @@
 #include "common/errors.h"
 #include "models/packed_attention.h"
 #include "ops/conv_silu_cpu.h"
-#include "ops/chunk_delta_rule.h"
+#include "ops/chunk_gated_delta_rule_cpu.h"
 #include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "ops/rmsnorm_cpu.h"
@@ -29,10 +29,19 @@ at::Tensor heads_first(const at::Tensor& x, int64_t repeat = 1) {
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                         const at::Tensor& v_in, const at::Tensor& g_in,
-                                                         const at::Tensor& beta_in, int64_t chunk_size,
-                                                         const at::Tensor& initial_state) {
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const at::Tensor& g, const at::Tensor& beta,
+                                                         int64_t chunk_size, const at::Tensor& initial_state) {
+  if (ops::chunk_gated_delta_rule_cpu_applies(q, k, v, g, beta)) {
+    return ops::chunk_gated_delta_rule_cpu(q, k, v, g, beta, chunk_size, initial_state);
+  }
+  return chunk_gated_delta_rule_formula(q, k, v, g, beta, chunk_size, initial_state);
+}
+
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule_formula(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                 const at::Tensor& v_in, const at::Tensor& g_in,
+                                                                 const at::Tensor& beta_in, int64_t chunk_size,
+                                                                 const at::Tensor& initial_state) {
   const at::ScalarType dtype = q_in.scalar_type();
   const int64_t batch = k_in.size(0), seq = k_in.size(1), key_heads = k_in.size(2), key_dim = k_in.size(3);
   const int64_t heads = v_in.size(2), value_dim = v_in.size(3);
@@ -47,29 +56,13 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q_in,
   v = at::constant_pad_nd(v, {0, 0, 0, pad});
   beta = at::constant_pad_nd(beta, {0, pad});
   g = at::constant_pad_nd(g, {0, pad});
-  const int64_t chunks = (seq + pad) / chunk_size;
-  auto chunked = [&](const at::Tensor& x) {  // [B, H, T + pad, ...] → [B, H, n, C, ...]
-    std::vector<int64_t> shape{batch, heads, chunks, chunk_size};
-    if (x.dim() == 4) shape.push_back(x.size(3));
-    return x.view(shape);
-  };
-  auto [out, state] = ops::chunk_delta_rule_applies(q)
-                          ? ops::chunk_delta_rule(chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta),
-                                                  initial_state)
-                          : chunk_delta_rule_formula(chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta),
-                                                     initial_state);
-  out = out.view({batch, heads, chunks * chunk_size, value_dim}).narrow(2, 0, seq);
-  return {out.transpose(1, 2).to(dtype).contiguous(), state};
-}
+  const int64_t chunks = (seq + pad) / chunk_size, C = chunk_size;
 
-std::pair<at::Tensor, at::Tensor> chunk_delta_rule_formula(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, const at::Tensor& g,
-                                                           const at::Tensor& beta, const at::Tensor& initial_state) {
-  const int64_t batch = q.size(0), heads = q.size(1), chunks = q.size(2), C = q.size(3);
-  const int64_t key_dim = q.size(4), value_dim = v.size(4);
-  at::Tensor v_beta = v * beta.unsqueeze(-1);  // [B, H, n, C, Dv]
-  at::Tensor k_beta = k * beta.unsqueeze(-1);  // [B, H, n, C, Dk]
-  at::Tensor cum = g.cumsum(-1);               // [B, H, n, C]: log of the decay from the chunk start
+  at::Tensor v_beta = (v * beta.unsqueeze(-1)).view({batch, heads, chunks, C, value_dim});
+  at::Tensor k_beta = (k * beta.unsqueeze(-1)).view({batch, heads, chunks, C, key_dim});
+  q = q.view({batch, heads, chunks, C, key_dim});
+  k = k.view({batch, heads, chunks, C, key_dim});
+  at::Tensor cum = g.view({batch, heads, chunks, C}).cumsum(-1);  // log of the decay from the chunk start
 
   // pairwise[i, j] = exp(cum_i - cum_j) for j <= i, else 0: the decay between positions j and i of a chunk.
   at::Tensor upper = at::ones({C, C}, q.options().dtype(at::kBool)).triu(1);
@@ -96,7 +89,8 @@ std::pair<at::Tensor, at::Tensor> chunk_delta_rule_formula(const at::Tensor& q, 
     outs.push_back(at::matmul(q_decayed.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
     state = state * chunk_decay.select(2, i) + at::matmul(k_to_end.select(2, i).transpose(-1, -2), v_new);
   }
-  return {at::stack(outs, 2), state};  // [B, H, n, C, Dv]
+  at::Tensor out = at::stack(outs, 2).view({batch, heads, chunks * C, value_dim}).narrow(2, 0, seq);
+  return {out.transpose(1, 2).to(dtype).contiguous(), state};
 }
 
 at::Tensor recurrent_gated_delta_step(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,

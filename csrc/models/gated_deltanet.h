@@ -13,20 +13,20 @@
 namespace skyrl_tx::models {
 
 /// The gated delta rule over a whole sequence in chunks of `chunk_size` (transformers'
-/// torch_chunk_gated_delta_rule with use_qk_l2norm_in_kernel, op for op; differentiable through ATen autograd).
+/// torch_chunk_gated_delta_rule with use_qk_l2norm_in_kernel), differentiable: ops::chunk_gated_delta_rule_cpu on
+/// float32 CPU tensors with the fused CPU ops on, else chunk_gated_delta_rule_formula.
 /// q, k: [B, T, Hk, Dk]; v: [B, T, Hv, Dv]; g (log decay, <= 0), beta: [B, T, Hv]; initial_state: undefined or
 /// [B, Hv, Dk, Dv]. Returns (out [B, T, Hv, Dv] in q's dtype, final state [B, Hv, Dk, Dv] float32).
 std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& v, const at::Tensor& g,
                                                          const at::Tensor& beta, int64_t chunk_size,
                                                          const at::Tensor& initial_state);
-/// Its chunk-parallel core on prepared chunks (transformers' torch_chunk_gated_delta_rule after the l2 norms, the
-/// query scale, the heads-first layout and the padding to whole chunks; the twin and oracle of ops::chunk_delta_rule):
-/// q, k: [B, H, n, C, Dk]; v: [B, H, n, C, Dv]; g, beta: [B, H, n, C]; initial_state: undefined or [B, H, Dk, Dv].
-/// Returns (out [B, H, n, C, Dv], final state [B, H, Dk, Dv]) in float32.
-std::pair<at::Tensor, at::Tensor> chunk_delta_rule_formula(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, const at::Tensor& g,
-                                                           const at::Tensor& beta, const at::Tensor& initial_state);
+/// The same rule as transformers' formula, op for op, through ATen autograd: chunk_gated_delta_rule's twin and oracle,
+/// and what it runs where ops::chunk_gated_delta_rule_cpu does not apply (other dtypes, other devices).
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule_formula(const at::Tensor& q, const at::Tensor& k,
+                                                                 const at::Tensor& v, const at::Tensor& g,
+                                                                 const at::Tensor& beta, int64_t chunk_size,
+                                                                 const at::Tensor& initial_state);
 /// One token of the same rule (transformers' torch_recurrent_gated_delta_rule, T = 1): q, k: [B, 1, Hk, Dk];
 /// v: [B, 1, Hv, Dv]; g, beta: [B, 1, Hv]; state: [B, Hv, Dk, Dv] float32, updated in place. Returns out like above.
 at::Tensor recurrent_gated_delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

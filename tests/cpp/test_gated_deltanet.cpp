@@ -8,10 +8,9 @@
 #include <ATen/ATen.h>
 
 #include "models/gated_deltanet.h"
-#include "ops/chunk_delta_rule.h"
+#include "ops/chunk_gated_delta_rule_cpu.h"
 #include "ops/conv_silu_cpu.h"
 #include "ops/conv_step_cpu.h"
-#include "ops/cpu_vector_kernels.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "testing/tensor_asserts.h"
 #include "testing/tiny_model.h"
@@ -97,45 +96,56 @@ TEST(GatedDeltaRule, GradientsFlowToEveryInput) {
   }
 }
 
-// The chunked rule's core as one autograd Function (ops::chunk_delta_rule) against its formula, forward and every
-// gradient: q, k, v, g, beta, the initial state, with upstream gradients on both the output and the final state.
-// Shapes: several chunks with narrow heads, and one chunk at the bench's Qwen3.5 head size (C = Dk = Dv = 64).
+// The chunked rule as one autograd Function (ops::chunk_gated_delta_rule_cpu) against the formula, forward and every
+// gradient (q, k, v, g, beta, the initial state; upstream gradients on both the output and the final state). Cases:
+// several chunks with GQA and a ragged tail, the bench's Qwen3.5 head size (Dk = Dv = 64, chunk 64), a sequence
+// shorter than one chunk, and q, k, v as GatedDeltaNet passes them (narrowed out of one wider row per token) with g
+// and beta strided.
 TEST(GatedDeltaRule, FusedChunkedRuleEqualsTheFormulaWithGradients) {
   struct Case {
-    int64_t batch, heads, chunks, chunk, key_dim, value_dim;
-    bool initial_state;
+    int64_t batch, seq, key_heads, heads, key_dim, value_dim, chunk;
+    bool initial_state, strided;
   };
-  for (const Case& c : {Case{2, 3, 3, 16, 8, 6, true}, Case{1, 2, 1, 64, 64, 64, false},
-                        Case{1, 2, 4, 8, 12, 20, false}}) {
-    at::Generator gen = make_gen(40 + c.chunks);
-    const std::vector<int64_t> rows{c.batch, c.heads, c.chunks, c.chunk};
-    auto normed = [&](int64_t dim, double scale) {  // l2-normalised rows, as the rule's q and k arrive
-      std::vector<int64_t> shape = rows;
-      shape.push_back(dim);
-      const at::Tensor x = randn(shape, gen);
-      return x * at::rsqrt((x * x).sum(-1, true) + 1e-6) * scale;
-    };
-    std::vector<int64_t> value_shape = rows;
-    value_shape.push_back(c.value_dim);
-    const at::Tensor q0 = normed(c.key_dim, 1.0 / std::sqrt(static_cast<double>(c.key_dim))), k0 = normed(c.key_dim, 1);
-    const at::Tensor v0 = randn(value_shape, gen), g0 = -at::softplus(randn(rows, gen)) * 0.3;
-    const at::Tensor beta0 = at::sigmoid(randn(rows, gen));
+  for (const Case& c : {Case{2, 37, 2, 4, 8, 6, 16, true, false}, Case{1, 130, 2, 4, 64, 64, 64, false, true},
+                        Case{1, 5, 3, 3, 12, 20, 8, true, true}}) {
+    SCOPED_TRACE(c.seq);
+    at::Generator gen = make_gen(40 + c.seq);
+    const int64_t qk = c.key_heads * c.key_dim, width = 2 * qk + c.heads * c.value_dim;
+    const at::Tensor mixed = randn({c.batch, c.seq, width + 3}, gen);  // [B, T, conv_dim + spare]
+    at::Tensor q0 = mixed.narrow(-1, 0, qk).reshape({c.batch, c.seq, c.key_heads, c.key_dim});
+    at::Tensor k0 = mixed.narrow(-1, qk, qk).reshape({c.batch, c.seq, c.key_heads, c.key_dim});
+    at::Tensor v0 = mixed.narrow(-1, 2 * qk, c.heads * c.value_dim).reshape({c.batch, c.seq, c.heads, c.value_dim});
+    at::Tensor g0 = -at::softplus(randn({c.batch, c.heads, c.seq}, gen)) * 0.3;  // [B, H, T]: strided as [B, T, H]
+    at::Tensor beta0 = at::sigmoid(randn({c.batch, c.heads, c.seq}, gen));
+    g0 = c.strided ? g0.transpose(1, 2) : g0.transpose(1, 2).contiguous();
+    beta0 = c.strided ? beta0.transpose(1, 2) : beta0.transpose(1, 2).contiguous();
+    if (!c.strided) {
+      q0 = q0.contiguous();
+      k0 = k0.contiguous();
+      v0 = v0.contiguous();
+    }
     const at::Tensor state0 = c.initial_state ? randn({c.batch, c.heads, c.key_dim, c.value_dim}, gen, 0.5)
                                               : at::Tensor();
-    const at::Tensor up_out = randn(value_shape, gen), up_state = randn({c.batch, c.heads, c.key_dim, c.value_dim},
-                                                                        gen);
+    const at::Tensor up_out = randn({c.batch, c.seq, c.heads, c.value_dim}, gen);
+    const at::Tensor up_state = randn({c.batch, c.heads, c.key_dim, c.value_dim}, gen);
+    ASSERT_TRUE(ops::chunk_gated_delta_rule_cpu_applies(q0, k0, v0, g0, beta0));
+    {  // the strided inputs themselves, no autograd
+      at::NoGradGuard no_grad;
+      auto [out, state] = ops::chunk_gated_delta_rule_cpu(q0, k0, v0, g0, beta0, c.chunk, state0);
+      auto [ref_out, ref_state] = chunk_gated_delta_rule_formula(q0, k0, v0, g0, beta0, c.chunk, state0);
+      EXPECT_TENSOR_CLOSE(out, ref_out, 1e-4, 1e-5);
+      EXPECT_TENSOR_CLOSE(state, ref_state, 1e-4, 1e-5);
+    }
     std::vector<at::Tensor> fused, formula;  // q, k, v, g, beta[, state] as leaves
     for (std::vector<at::Tensor>* leaves : {&fused, &formula}) {
       for (const at::Tensor& x : {q0, k0, v0, g0, beta0}) leaves->push_back(x.clone().requires_grad_(true));
       if (c.initial_state) leaves->push_back(state0.clone().requires_grad_(true));
     }
     auto initial = [&](const std::vector<at::Tensor>& l) { return c.initial_state ? l[5] : at::Tensor(); };
-    ASSERT_TRUE(ops::chunk_delta_rule_applies(q0));
-    auto [out, state] = ops::chunk_delta_rule(fused[0], fused[1], fused[2], fused[3], fused[4], initial(fused));
-    auto [ref_out, ref_state] = chunk_delta_rule_formula(formula[0], formula[1], formula[2], formula[3], formula[4],
-                                                         initial(formula));
-    EXPECT_TENSOR_CLOSE(out, ref_out, 1e-4, 1e-5);
-    EXPECT_TENSOR_CLOSE(state, ref_state, 1e-4, 1e-5);
+    auto [out, state] =
+        ops::chunk_gated_delta_rule_cpu(fused[0], fused[1], fused[2], fused[3], fused[4], c.chunk, initial(fused));
+    auto [ref_out, ref_state] = chunk_gated_delta_rule_formula(formula[0], formula[1], formula[2], formula[3],
+                                                               formula[4], c.chunk, initial(formula));
     ((out * up_out).sum() + (state * up_state).sum()).backward();
     ((ref_out * up_out).sum() + (ref_state * up_state).sum()).backward();
     const char* names[] = {"q", "k", "v", "g", "beta", "initial state"};
@@ -146,26 +156,9 @@ TEST(GatedDeltaRule, FusedChunkedRuleEqualsTheFormulaWithGradients) {
       EXPECT_TENSOR_CLOSE(fused[i].grad(), formula[i].grad(), 1e-4, 1e-4);
     }
   }
-  EXPECT_FALSE(ops::chunk_delta_rule_applies(at::zeros({1, 1, 1, 4, 4}, at::kDouble)));
-}
-
-// The whole rule (l2 norms, GQA heads, padding to whole chunks) with the fused core and with the formula: a ragged
-// length, gradients to the raw q, k, v, g and beta.
-TEST(GatedDeltaRule, ChunkedRuleWithTheFusedCoreEqualsItWithTheFormula) {
-  const Inputs in = make_inputs(2, 27, 5);
-  auto run = [&](bool fused) {
-    ops::set_fused_cpu_ops(fused);
-    std::vector<at::Tensor> leaves;
-    for (const at::Tensor& x : {in.q, in.k, in.v, in.g, in.beta}) leaves.push_back(x.clone().requires_grad_(true));
-    auto [out, state] = chunk_gated_delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], 8, at::Tensor());
-    (out.pow(2).sum() + state.sum()).backward();
-    leaves.push_back(out.detach());
-    return leaves;
-  };
-  const std::vector<at::Tensor> fused = run(true), formula = run(false);
-  ops::set_fused_cpu_ops(true);
-  EXPECT_TENSOR_CLOSE(fused[5], formula[5], 1e-4, 1e-5);
-  for (size_t i = 0; i < 5; ++i) EXPECT_TENSOR_CLOSE(fused[i].grad(), formula[i].grad(), 1e-4, 1e-4);
+  EXPECT_FALSE(ops::chunk_gated_delta_rule_cpu_applies(at::zeros({1, 4, 1, 8}, at::kDouble),
+                                                       at::zeros({1, 4, 1, 8}, at::kDouble), at::zeros({1, 4, 1, 8}),
+                                                       at::zeros({1, 4, 1}), at::zeros({1, 4, 1})));
 }
 
 // One decode step's inputs laid out as GatedDeltaNet::forward makes them: q, k, v narrowed out of one wider row per
