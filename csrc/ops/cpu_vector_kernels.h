@@ -1,6 +1,6 @@
 // Raw float32 loops of the fused CPU ops, compiled for AVX2 + FMA on x86-64: swiglu, rmsnorm_cpu, rope_cpu and
 // decode_attention_cpu's in cpu_vector_kernels.cpp, Gated DeltaNet's (gated_delta_step_cpu, conv_silu_cpu) in
-// deltanet_cpu_kernels.cpp.
+// deltanet_cpu_kernels.cpp; chunk_gated_delta_rule_cpu's are declared in chunk_delta_cpu_kernels.h.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,8 @@ namespace skyrl_tx::ops {
 
 /// Whether this build has the loops below and this CPU can run them (x86-64 with AVX2 and FMA), and
 /// SKYRL_TX_FUSED_CPU_OPS is not "0" (A/B runs against the ATen formulas). Every fused CPU op (swiglu, rmsnorm_cpu,
-/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu, conv_step_cpu, conv_silu_cpu) runs when it says yes.
+/// rope_cpu, decode_attention_cpu, gated_delta_step_cpu, conv_step_cpu, conv_silu_cpu, chunk_gated_delta_rule_cpu)
+/// runs when it says yes.
 /// (ATen's own kernels dispatch on the CPU at run time; ours are built for the one instruction set nearly every x86-64
 /// server has, behind this check.)
 /// Every op decides by dtype, device and shape, never by layout: a strided row gets the arithmetic the same row alone
