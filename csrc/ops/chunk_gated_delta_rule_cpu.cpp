@@ -17,6 +17,7 @@
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/errors.h"
@@ -44,7 +45,7 @@ void strides_of(const at::Tensor& x, int64_t (&out)[3]) {
   for (int d = 0; d < 3; ++d) out[d] = x.stride(d);
 }
 
-class ChunkDeltaRuleFunction : public torch::autograd::Function<ChunkDeltaRuleFunction> {
+class ChunkGatedDeltaRuleFunction : public torch::autograd::Function<ChunkGatedDeltaRuleFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in,
                                                 const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
@@ -255,7 +256,7 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu(const at::Tensor& q
   // autograd::Function takes defined tensors only: no initial state is a zero one (whose gradient goes nowhere).
   const at::Tensor state = initial_state.defined() ? initial_state
                                                    : at::zeros({batch, heads, k.size(3), v.size(3)}, v.options());
-  auto results = ChunkDeltaRuleFunction::apply(q, k, v, g, beta, state, chunk_size);
+  auto results = ChunkGatedDeltaRuleFunction::apply(q, k, v, g, beta, state, chunk_size);
   return {results[0], results[1]};
 }
 
