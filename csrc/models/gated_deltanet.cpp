@@ -8,8 +8,8 @@
 
 #include "common/errors.h"
 #include "models/packed_attention.h"
-#include "ops/conv_silu_cpu.h"
 #include "ops/chunk_gated_delta_rule_cpu.h"
+#include "ops/conv_silu_cpu.h"
 #include "ops/conv_step_cpu.h"
 #include "ops/gated_delta_step_cpu.h"
 #include "ops/rmsnorm_cpu.h"

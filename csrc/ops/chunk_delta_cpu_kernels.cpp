@@ -1,7 +1,8 @@
-// chunk_delta_cpu_kernels: the raw float32 loops of chunk_delta_rule (everything but its GEMMs), one chunk of one
-// (batch row, head) per task, compiled for AVX2 + FMA as cpu_vector_kernels.cpp is (its NOTE holds: nothing here runs
-// before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here). The inner
-// loops are plain unit-stride loops the compiler vectorises.
+// chunk_delta_cpu_kernels: the raw float32 loops of chunk_gated_delta_rule_cpu (everything but its GEMMs), one chunk
+// of one (batch row, head) per task, compiled for AVX2 + FMA as cpu_vector_kernels.cpp is (its NOTE holds: nothing
+// here runs before cpu_vector_kernels_supported() said yes, and no standard-library template is instantiated here).
+// The exps, dot products and the decay gradient's sums use ATen's vectors; the other inner loops are plain unit-stride
+// loops the compiler vectorises.
 #include "ops/chunk_delta_cpu_kernels.h"
 
 #include <cmath>

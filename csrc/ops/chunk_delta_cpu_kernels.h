@@ -1,5 +1,5 @@
-// chunk_delta_cpu_kernels: the raw float32 loops of chunk_delta_rule (everything but its GEMMs), one chunk of one
-// (batch row, head) per task, compiled for AVX2 + FMA as cpu_vector_kernels.cpp is (its NOTE holds).
+// chunk_delta_cpu_kernels: the raw float32 loops of chunk_gated_delta_rule_cpu (everything but its GEMMs), one chunk
+// of one (batch row, head) per task, compiled for AVX2 + FMA as cpu_vector_kernels.cpp is (its NOTE holds).
 #pragma once
 
 #include <cstdint>

@@ -40,6 +40,13 @@ void over_chunks(int64_t groups, const Loop& loop) {
   at::parallel_for(0, groups, 1, loop);
 }
 
+// The loops' sizes, the same for the forward and the backward; q's scale is the formula's 1 / sqrt(key_dim).
+ChunkDims chunk_dims(int64_t chunk, int64_t key_dim, int64_t value_dim, int64_t heads, int64_t chunks, int64_t tokens,
+                     int64_t key_heads) {
+  return {chunk, key_dim, value_dim, heads, chunks, tokens, heads / key_heads,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)))};
+}
+
 // Element strides (batch, token, head) of a raw [B, T, heads, D] or [B, T, heads] input.
 void strides_of(const at::Tensor& x, int64_t (&out)[3]) {
   for (int d = 0; d < 3; ++d) out[d] = x.stride(d);
@@ -54,8 +61,7 @@ class ChunkGatedDeltaRuleFunction : public torch::autograd::Function<ChunkGatedD
     const int64_t batch = k_in.size(0), tokens = k_in.size(1), key_heads = k_in.size(2), key_dim = k_in.size(3);
     const int64_t heads = v_in.size(2), value_dim = v_in.size(3), C = chunk_size;
     const int64_t chunks = (tokens + C - 1) / C, groups = batch * heads * chunks;
-    const ChunkDims dims{C,      key_dim,           value_dim, heads, chunks, tokens, heads / key_heads,
-                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)))};
+    const ChunkDims dims = chunk_dims(C, key_dim, value_dim, heads, chunks, tokens, key_heads);
     const at::TensorOptions f32 = q_in.options();
     auto chunked = [&](int64_t width) {  // [B, H, n, C, width] (or [B, H, n, C] for width 0)
       std::vector<int64_t> shape{batch, heads, chunks, C};
@@ -131,8 +137,7 @@ class ChunkGatedDeltaRuleFunction : public torch::autograd::Function<ChunkGatedD
     const int64_t tokens = ctx->saved_data["tokens"].toInt(), key_heads = ctx->saved_data["key_heads"].toInt();
     const int64_t batch = q.size(0), heads = q.size(1), chunks = q.size(2), C = q.size(3);
     const int64_t key_dim = q.size(4), value_dim = v.size(4), groups = batch * heads * chunks;
-    const ChunkDims dims{C,      key_dim,           value_dim, heads, chunks, tokens, heads / key_heads,
-                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)))};
+    const ChunkDims dims = chunk_dims(C, key_dim, value_dim, heads, chunks, tokens, key_heads);
     at::Tensor grad_out = at::zeros_like(new_values);  // [B, H, n, C, Dv]; zero past the real tokens
     if (grads[0].defined()) {
       grad_out.view({batch, heads, chunks * C, value_dim}).narrow(2, 0, tokens).copy_(grads[0].transpose(1, 2));
