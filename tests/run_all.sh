@@ -11,8 +11,12 @@ export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/skyrl_tx-ccache}   # outside the checkout: survives clones
 export PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
 step() { printf '\n==> %s (%ss)\n' "$1" "$SECONDS"; }
+# Free disk where the build and the tests write: CI machines' free disk varies, and tests that write checkpoints,
+# databases and servers' logs fail together when it runs out, so every failure report says how much there was.
+disk() { df -h . "${TMPDIR:-/tmp}" "$HOME" 2>/dev/null | awk 'NR == 1 || !seen[$1]++' | sed 's/^/    /' || true; }
 
 step "system packages"
+disk
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
@@ -74,6 +78,8 @@ step "pytest"
 # (after the last test) then shows which thread was where.
 # Each test has a time limit (pyproject.toml, pytest-timeout); the whole run has one too, below CI's own 90 minutes, so
 # a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
+disk
 OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
-  "$PY" -X faulthandler -m pytest -q --durations=15 "$@"
+  "$PY" -X faulthandler -m pytest -q --durations=15 "$@" \
+  || { rc=$?; echo "pytest failed (exit $rc); free disk now:"; disk; exit $rc; }
 step "all tests passed"
