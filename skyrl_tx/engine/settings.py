@@ -57,14 +57,28 @@ class EngineSettings:
         self.configure_threads()  # before the imports below load torch (a no-op if __main__ did it already)
 
         from skyrl_tx.parallel.data_parallel_backend import make_backend
-        from skyrl_tx.checkpoints.store import CheckpointStore
-        from skyrl_tx.db.session import make_engine, make_session_factory
-        from skyrl_tx.engine.runner import build_loop, run_engine
 
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
                  backend_settings.dtype, backend_settings.device)
         backend = make_backend(Path(self.model_dir), backend_settings)  # data-parallel ranks when configured
+        try:
+            self._serve(backend, stop, wake, notify, on_ready, started)
+        finally:
+            # Stops the processes the backend started (data-parallel ranks, sampler engines: told to stop, joined,
+            # killed after 10 s). Without it a tensor-parallel sampler engine (not a daemon: it starts ranks of its
+            # own) waits for a command forever, the interpreter's exit joins it forever, and the whole group
+            # outlives its server (seen: ~4 GB of orphans per stopped server in the test suite).
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+    def _serve(self, backend: Any, stop: threading.Event, wake: threading.Event, notify: Notify,
+               on_ready: Callable[[], None], started: float) -> None:
+        from skyrl_tx.checkpoints.store import CheckpointStore
+        from skyrl_tx.db.session import make_engine, make_session_factory
+        from skyrl_tx.engine.runner import build_loop, run_engine
+
         cfg = backend.decoder_config
         log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
                  cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)

@@ -79,8 +79,13 @@ def colocated(preset_cache, trainer_layout: str) -> dict[str, Any]:
 def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated, trainer_layout: str) -> None:
     """Also with the trainer as 2 data-parallel or 2 tensor-parallel ranks: the sync group is a group of its own
     beside theirs, and a tensor-parallel trainer's parts reach the engines whole."""
+    from engine_processes import assert_all_exit, process_tree
+
+    from skyrl_tx.bench.api import _engine_pid
+
     config = {**DISAGGREGATED, **TRAINER_LAYOUTS[trainer_layout]}
     with live_server(backend_config=config) as url:
+        engine_group = process_tree(_engine_pid(url))  # the engine, its sampler engines and their ranks
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
         engine_ranks = 2 if trainer_layout == "tensor-parallel-sampler-engines" else 1
         assert f"of {engine_ranks} tensor-parallel rank(s) each" in url.log_tail(), url.log_tail()
@@ -90,6 +95,7 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
         assert not parallel_trainer or "parallel: 2 ranks" in url.log_tail(), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
+    assert_all_exit(engine_group)  # a stopped server leaves no sampler engine (nor its ranks) behind
     # Every save_weights_and_get_sampling_client reached both engines through a sync (each rank of a
     # tensor-parallel engine in the sync group itself), and both engines served.
     assert len(syncs) == 3 * VERSIONS, syncs
@@ -124,7 +130,7 @@ def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: 
     import signal
 
     import tinker
-    from engine_processes import spawned_children
+    from engine_processes import assert_all_exit, process_tree, spawned_children
     from tinker import types
 
     from skyrl_tx.bench.api import _engine_pid
@@ -162,7 +168,9 @@ def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: 
             if full_version:  # 6 at once: the least busy engine takes each, so the fresh one serves some
                 full_futures = [full_sampler.sample(prompts_for_full, 1, params) for _ in range(6)]
                 full_tokens += [list(f.result(timeout=300).sequences[0].tokens) for f in full_futures]
+        engine_group = process_tree(_engine_pid(url))  # with the replacement engine and its ranks
         log = url.log_path.read_text(errors="replace")
+    assert_all_exit(engine_group)
     assert burst == calm
     assert not restarted, log[-3000:]
     assert ("is hung" in log) == (fault == "hung"), log[-3000:]
