@@ -63,7 +63,10 @@ class EngineSettings:
                  backend_settings.dtype, backend_settings.device)
         backend = make_backend(Path(self.model_dir), backend_settings)  # data-parallel ranks when configured
         try:
-            self._serve(backend, stop, wake, notify, on_ready, started)
+            cfg = backend.decoder_config
+            log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
+                     cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
+            self._serve(backend, stop, wake, notify, on_ready)
         finally:
             # Stops the processes the backend started (data-parallel ranks, sampler engines: told to stop, joined,
             # killed after 10 s). Without it a tensor-parallel sampler engine (not a daemon: it starts ranks of its
@@ -74,14 +77,12 @@ class EngineSettings:
                 close()
 
     def _serve(self, backend: Any, stop: threading.Event, wake: threading.Event, notify: Notify,
-               on_ready: Callable[[], None], started: float) -> None:
+               on_ready: Callable[[], None]) -> None:
+        """The engine loop over `backend` (its database, checkpoint store, recovery), run until `stop` is set."""
         from skyrl_tx.checkpoints.store import CheckpointStore
         from skyrl_tx.db.session import make_engine, make_session_factory
         from skyrl_tx.engine.runner import build_loop, run_engine
 
-        cfg = backend.decoder_config
-        log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
-                 cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
         sessions = make_session_factory(make_engine(self.database_url))
         store = CheckpointStore(self.checkpoints_base, self.checkpoints_storage_options)
         loop = build_loop(backend, sessions, store, Path(self.model_dir), notify, self.session_timeout_s,
