@@ -6,15 +6,18 @@ the C++ bookkeeping between ops) is overhead on top. This reports, for a LoRA tr
 
     wall time of the step / self time of its GEMM ops (aten::mm, addmm, bmm, baddbmm and their in-place forms)
 
-The wall time is the median of unprofiled repetitions; the GEMM time is the median of as many more repetitions
-under torch.profiler (the profiler's per-op cost lands outside the GEMMs' self time, so it does not inflate them;
-one profiled run's GEMM time ranged from 878 to 1132 ms over six equal training runs on the 2-core machine).
-Decode is isolated as (sample `new_tokens`) − (sample 1 token): the same prefill on both sides, so the difference
-is `new_tokens − 1` decode steps. A ratio of 1.0 would be a step that is all GEMM; the issue's target is ≤ 1.25."""
+Each repetition is a pair run back to back: one unprofiled run for the wall time, then one under torch.profiler
+for the GEMMs' self time (the profiler's per-op cost lands outside the GEMMs' self time, so it does not inflate
+them). The reported ratio is the median of the pairs' ratios, with their range: the machine's speed drifts (one
+profiled run's GEMM time ranged from 878 to 1132 ms over six equal training runs on the 2-core machine), pairing
+keeps drift between minutes out of the ratio, and the range shows the noise that is left. Decode is isolated as
+(sample `new_tokens`) − (sample 1 token): the same prefill on both sides, so the difference is `new_tokens − 1`
+decode steps. A ratio of 1.0 would be a step that is all GEMM; the issue's target is ≤ 1.25."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,40 +38,55 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Step wall time over the time of its own GEMMs (training and decode).")
     p.add_argument("--device", default="cpu", help="cpu only: on a GPU the GEMMs run asynchronously to the host")
     p.add_argument("--config", choices=sorted(CONFIGS), help="model + workload sizes (default: cpu)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement (median reported)")
+    p.add_argument("--reps", type=int, default=5,
+                   help="pairs of runs (unprofiled, then profiled) per measurement (medians reported)")
     p.add_argument("--threads", type=int, help="torch threads (default: the engine's choice)")
     p.add_argument("--fused-ab", action="store_true",
                    help="also time each step with the fused CPU ops on and off, alternating in this process")
     return p
 
 
-def _wall(run: Callable[[], None], reps: int) -> float:
-    """Median seconds of `reps` runs, after one untimed warm-up run."""
-    return statistics.median(timed(run, 1, reps))
-
-
 TOP_OTHER_OPS = 8  # the costliest non-GEMM ops are listed too: where the overhead is
 
 
-def _gemm_seconds(run: Callable[[], None], reps: int) -> tuple[float, dict[str, float], dict[str, float]]:
-    """Self CPU seconds of the GEMM ops, in all and per op name, and of the costliest others: the profiled run with
-    the median GEMM total of `reps`."""
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    """One profiled run: the GEMM ops' self CPU seconds, in all and per op name, and the costliest other ops'."""
+
+    gemm_s: float
+    gemm_by_op_s: dict[str, float]
+    top_other_ops_s: dict[str, float]
+
+
+def _profiled(run: Callable[[], None]) -> Profiled:
     import os
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no "gpuGetDeviceCount failed" line on a host without a GPU
     from torch.profiler import ProfilerActivity, profile
 
-    runs = []
-    for _ in range(reps):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run()
-        averages = prof.key_averages()
-        per_op = {e.key: e.self_cpu_time_total / 1e6 for e in averages if e.key in GEMM_OPS}
-        others = sorted(((e.self_cpu_time_total / 1e6, e.key) for e in averages if e.key not in GEMM_OPS),
-                        reverse=True)
-        runs.append((sum(per_op.values()), per_op, {key: seconds for seconds, key in others[:TOP_OTHER_OPS]}))
-    runs.sort(key=lambda measured: measured[0])
-    return runs[len(runs) // 2]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    averages = prof.key_averages()
+    per_op = {e.key: e.self_cpu_time_total / 1e6 for e in averages if e.key in GEMM_OPS}
+    others = sorted(((e.self_cpu_time_total / 1e6, e.key) for e in averages if e.key not in GEMM_OPS), reverse=True)
+    return Profiled(sum(per_op.values()), per_op, {key: seconds for seconds, key in others[:TOP_OTHER_OPS]})
+
+
+def _pair(run: Callable[[], None]) -> tuple[float, Profiled]:
+    """An unprofiled run's wall seconds and, right after it, a profiled run."""
+    return _seconds(run), _profiled(run)
+
+
+def _summary(walls: list[float], gemms: list[float]) -> dict[str, Any]:
+    """Medians of the step and GEMM seconds, and of the pairs' ratios with their range."""
+    ratios = [wall / gemm for wall, gemm in zip(walls, gemms, strict=True)]
+    return {"step_s": statistics.median(walls), "gemm_s": statistics.median(gemms),
+            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)], "ratios": ratios}
+
+
+def _median_run(pairs: list[tuple[float, Profiled]]) -> Profiled:
+    """The profiled run with the median GEMM time: its per-op figures are the ones reported."""
+    return sorted((profiled for _, profiled in pairs), key=lambda p: p.gemm_s)[len(pairs) // 2]
 
 
 def measure(cfg_name: str, device: str, reps: int) -> dict[str, Any]:
@@ -80,23 +98,32 @@ def measure(cfg_name: str, device: str, reps: int) -> dict[str, Any]:
     report: dict[str, Any] = {"config": cfg.name, "device": device, "reps": reps}
 
     train = skyrl_side.build(wl.TRAIN_1, path, cfg, device)
-    wall = _wall(train.run, reps)
-    gemm, per_op, others = _gemm_seconds(train.run, reps)
-    report["train"] = {"tokens": train.tokens, "step_s": wall, "gemm_s": gemm, "ratio": wall / gemm,
-                       "gemm_by_op_s": per_op, "top_other_ops_s": others}
+    train.run()  # warm-up: the first step allocates
+    pairs = [_pair(train.run) for _ in range(reps)]
+    shown = _median_run(pairs)
+    report["train"] = {"tokens": train.tokens,
+                       **_summary([wall for wall, _ in pairs], [profiled.gemm_s for _, profiled in pairs]),
+                       "gemm_by_op_s": shown.gemm_by_op_s, "top_other_ops_s": shown.top_other_ops_s}
     del train
 
     decode = skyrl_side.build(wl.SAMPLE_16, path, cfg, device)
     assert decode.run_first_token is not None
     steps = cfg.workload.sample_new_tokens - 1
-    wall_all, wall_first = _wall(decode.run, reps), _wall(decode.run_first_token, reps)
-    gemm_all, per_op_all, others_all = _gemm_seconds(decode.run, reps)
-    gemm_first, per_op_first, _ = _gemm_seconds(decode.run_first_token, reps)
-    step_s, gemm_s = (wall_all - wall_first) / steps, (gemm_all - gemm_first) / steps
-    report["decode_batch_16"] = {"steps": steps, "step_s": step_s, "gemm_s": gemm_s, "ratio": step_s / gemm_s,
-                                 "gemm_by_op_s": {k: (v - per_op_first.get(k, 0.0)) / steps
-                                                  for k, v in per_op_all.items()},
-                                 "top_other_ops_s": others_all}  # of the whole sample call, prefill included
+    # Per repetition: all tokens and the first token only, each as a pair; their difference is `steps` decode steps.
+    decode.run()
+    decode.run_first_token()
+    all_pairs: list[tuple[float, Profiled]] = []
+    first_pairs: list[tuple[float, Profiled]] = []
+    for _ in range(reps):
+        all_pairs.append(_pair(decode.run))
+        first_pairs.append(_pair(decode.run_first_token))
+    walls = [(a - f) / steps for (a, _), (f, _) in zip(all_pairs, first_pairs, strict=True)]
+    gemms = [(a.gemm_s - f.gemm_s) / steps for (_, a), (_, f) in zip(all_pairs, first_pairs, strict=True)]
+    shown_all, shown_first = _median_run(all_pairs), _median_run(first_pairs)
+    report["decode_batch_16"] = {"steps": steps, **_summary(walls, gemms),
+                                 "gemm_by_op_s": {k: (v - shown_first.gemm_by_op_s.get(k, 0.0)) / steps
+                                                  for k, v in shown_all.gemm_by_op_s.items()},
+                                 "top_other_ops_s": shown_all.top_other_ops_s}  # of the whole sample call
     return report
 
 
@@ -143,6 +170,11 @@ def _seconds(run: Callable[[], None]) -> float:
     return timed(run, 0, 1)[0]
 
 
+def _ratio_text(part: dict[str, Any]) -> str:
+    low, high = part["ratio_range"]
+    return f"{part['ratio']:.2f}x (median of the pairs' ratios; range {low:.2f}-{high:.2f}x)"
+
+
 def run_gemm_share(argv: list[str]) -> dict[str, Any]:
     import torch
 
@@ -159,9 +191,9 @@ def run_gemm_share(argv: list[str]) -> dict[str, Any]:
     train, decode = report["train"], report["decode_batch_16"]
     print(f"{report['config']} on {args.device} ({threads} threads), median of {args.reps}:\n"
           f"  training step ({train['tokens']} tokens): {train['step_s'] * 1e3:.1f} ms, its GEMMs "
-          f"{train['gemm_s'] * 1e3:.1f} ms: {train['ratio']:.2f}x\n"
+          f"{train['gemm_s'] * 1e3:.1f} ms: {_ratio_text(train)}\n"
           f"  decode step at batch 16: {decode['step_s'] * 1e3:.2f} ms, its GEMMs {decode['gemm_s'] * 1e3:.2f} ms: "
-          f"{decode['ratio']:.2f}x", file=sys.stderr)
+          f"{_ratio_text(decode)}", file=sys.stderr)
     if args.fused_ab:
         ab = report["fused_ab"] = fused_ab(report["config"], args.device, args.reps)
         print(f"  fused CPU ops on / off, alternating in this process (median of {args.reps}): training "

@@ -24,6 +24,7 @@ def test_gemm_share_benchmark_sees_the_cores_gemms(preset_cache: Path) -> None:
         measured = report[part]
         assert measured["gemm_by_op_s"].get("aten::mm", 0) > 0, measured  # the core's matmuls reach the profiler
         assert measured["gemm_s"] > 0 and measured["ratio"] >= 1.0, measured
+        assert len(measured["ratios"]) == 1 and measured["ratio_range"] == [measured["ratio"]] * 2, measured
     assert report["train"]["tokens"] == 4 * 32 and report["decode_batch_16"]["steps"] == 31
     assert "gpuGetDeviceCount" not in proc.stderr
     ab = report["fused_ab"]  # --fused-ab: fused ops and formulas, both timed every repetition
