@@ -104,6 +104,10 @@ class NativeBackend:
         self._core.set_tokenizer_info(self.eos_token_ids, token_bytes or [])
         self._custom_losses = CustomLossCache()
 
+    def close(self) -> None:
+        """Nothing to stop: this backend runs in its caller's process (the backends that start processes, data-parallel
+        ranks and sampler engines, stop them here; every backend make_backend returns has close)."""
+
     @classmethod
     def from_name(cls, base_model: str, settings: BackendSettings | None = None) -> NativeBackend:
         """base_model: a preset (tiny-qwen3), a local HF directory or a hub id."""

@@ -72,9 +72,7 @@ class EngineSettings:
             # killed after 10 s). Without it a tensor-parallel sampler engine (not a daemon: it starts ranks of its
             # own) waits for a command forever, the interpreter's exit joins it forever, and the whole group
             # outlives its server (seen: ~4 GB of orphans per stopped server in the test suite).
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            backend.close()
 
     def _serve(self, backend: Any, stop: threading.Event, wake: threading.Event, notify: Notify,
                on_ready: Callable[[], None]) -> None:

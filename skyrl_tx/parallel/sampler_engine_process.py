@@ -54,7 +54,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
             message = conn.recv()
             kind = message[0]
             if kind == "stop":
-                getattr(backend, "close", lambda: None)()
+                backend.close()
                 return
             if kind == "submit":
                 _, sample_id, request = message

@@ -418,7 +418,5 @@ class SamplerEnginesBackend:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
-        close = getattr(self._backend, "close", None)
-        if close is not None:
-            close()
+        self._backend.close()
 
