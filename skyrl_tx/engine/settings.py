@@ -56,7 +56,7 @@ class EngineSettings:
         backend_settings = BackendSettings.from_dict(self.backend)
         self.configure_threads()  # before the imports below load torch (a no-op if __main__ did it already)
 
-        from skyrl_tx.parallel.data_parallel_backend import make_backend
+        from skyrl_tx.backend.factory import make_backend
 
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,

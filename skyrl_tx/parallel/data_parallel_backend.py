@@ -257,30 +257,6 @@ class DataParallelBackend:
                 w.kill()
 
 
-def make_backend(model_dir: Path, settings: BackendSettings) -> Any:
-    """The engine's backend: a NativeBackend, or rank 0 of a data-parallel group when the settings ask for one; with
-    colocate_all false, wrapped so that sampling runs on sampler engine processes."""
-    if settings.colocate_all and settings.num_inference_engines > 1:  # said, not silently ignored
-        log.warning("num_inference_engines=%d has no effect with colocate_all true: sampling runs inside the "
-                    "training engine; set colocate_all false for sampler engines of their own",
-                    settings.num_inference_engines)
-    if settings.colocate_all and settings.inference_engine_tensor_parallel_size > 1:
-        log.warning("inference_engine_tensor_parallel_size=%d has no effect with colocate_all true: sampling runs "
-                    "inside the training engine, split as it is (tensor_parallel_size %d)",
-                    settings.inference_engine_tensor_parallel_size, settings.tensor_parallel_size)
-    if settings.fully_sharded_data_parallel_size > 1 or settings.tensor_parallel_size > 1:
-        backend = DataParallelBackend.start(model_dir, settings)
-    else:
-        from skyrl_tx.backend.native import NativeBackend
-
-        backend = NativeBackend(model_dir, settings)
-    if not settings.colocate_all:
-        from skyrl_tx.parallel.sampler_engines import SamplerEnginesBackend
-
-        return SamplerEnginesBackend(backend, model_dir, settings)
-    return backend
-
-
 def run_node_process(model_dir: Path, settings: BackendSettings, process_id: int) -> int:
     """`skyrl-tx worker`: runs node process `process_id`'s ranks and starts them again whenever they exit (the
     engine restarted, or its node went away: the ranks fail their next call and rejoin the next group). Returns 2

@@ -36,13 +36,13 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    from skyrl_tx.parallel.data_parallel_backend import make_backend
+    from skyrl_tx.backend.model_backend import make_model_backend
     from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S
 
     # One process, or (tensor_parallel_size > 1) this process and its own worker ranks, each holding part of the
     # model: every state change and decode step below then runs on all of them (parallel/data_parallel_backend.py),
     # and each of them is a rank of the sync group, receiving every broadcast itself.
-    backend = make_backend(Path(model_dir), BackendSettings.from_dict(settings))
+    backend = make_model_backend(Path(model_dir), BackendSettings.from_dict(settings))
     digests = backend.settings.weight_sync_digests
     backend.join_weight_sync(address, rank, world, JOIN_TIMEOUT_S, sync_on_cuda)
     running: dict[int, int] = {}  # local sample id → the trainer's id
