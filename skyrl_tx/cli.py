@@ -264,7 +264,7 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     create = keys_sub.add_parser("create", help="make a key; prints it once (it is stored hashed)")
     create.add_argument("--name", required=True, help="unique name of the key (its user)")
     create.add_argument("--max-live-models", type=int, default=None, metavar="N",
-                        help="at most N models (training clients) live at once; more get 429 (default: no limit)")
+                        help="at most N models (training clients) live at once; more get 403 (default: no limit)")
     create.add_argument("--max-inflight-requests", type=int, default=None, metavar="N",
                         help="at most N requests queued or running at once; more get 429 (default: no limit)")
     create.add_argument("--admin", action="store_true", help="the key sees and acts on every key's objects")

@@ -1,4 +1,4 @@
-"""The API-key check of every request (--auth keys): keys resolved to principals (cached), 401s, the 429 handler."""
+"""The API-key check of every request (--auth keys): keys resolved to principals (cached), 401s, the quota handler."""
 
 from __future__ import annotations
 
@@ -105,14 +105,15 @@ class ApiKeyAuth:
 
 
 def install_auth(app: FastAPI, settings: ServerSettings, database: Engine) -> None:
-    """The key check (outermost middleware: add it after the others), the 429 handler, and the startup log line."""
+    """The key check (outermost middleware: add it after the others), the quota handler, and the startup log line."""
     keyring = KeyRing(database) if settings.auth == "keys" else None
     app.add_middleware(ApiKeyAuth, keyring=keyring)
 
     @app.exception_handler(QuotaExceededError)
     async def quota_exceeded(_: Request, exc: QuotaExceededError) -> JSONResponse:
-        response = error_response(429, "quota_exceeded", exc.message)
-        response.headers["Retry-After"] = str(exc.retry_after_s)
+        response = error_response(exc.http_status, "quota_exceeded", exc.message)
+        if exc.retry_after_s is not None:  # a rate limit: the SDK waits this long and retries
+            response.headers["Retry-After"] = str(exc.retry_after_s)
         return response
 
     if keyring is None:

@@ -1,5 +1,5 @@
 """Who owns what, checked in one place: owned_* lookups that answer 404 (never 403) for another key's objects, and
-the per-key quotas (429).
+the per-key quotas (429 for a rate that waiting frees, 403 for a count that only the client can free).
 
 Owners are recorded on sessions and models only (`owner_key_id`, set by the API); everything else belongs to
 its session or model: a sampling session to its session, a future to its model (or, for sample and create_model
@@ -26,17 +26,24 @@ SESSIONS, SAMPLERS = SessionRecord.__table__, SamplingSessionRecord.__table__
 LIVE = (ModelStatus.PENDING.value, ModelStatus.READY.value)
 INFLIGHT = (FutureStatus.PENDING.value, FutureStatus.RUNNING.value)
 INFLIGHT_RETRY_AFTER_S = 1  # requests finish in seconds: ask again soon
-LIVE_MODELS_RETRY_AFTER_S = 30  # a model slot frees when its owner unloads it or its session ends
 
 
 class QuotaExceededError(SkyrlTxError):
-    """A key's quota is used up: 429 with Retry-After (api/auth.py; the SDK waits that long and retries)."""
+    """A key's rate quota is used up for now: 429 with Retry-After (api/auth.py; the SDK waits, then retries)."""
 
     code, http_status, category = ErrorCode.RESOURCE_EXHAUSTED, 429, "user"
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QuotaFullError(QuotaExceededError):
+    """A quota that waiting does not free (max_live_models: a slot frees only when its owner unloads a model or ends
+    a session): 403, which the SDK raises at once (PermissionDeniedError). A 429 it retries for up to two hours, so
+    create_lora_training_client seemed to hang."""
+
+    http_status = 403
 
 
 # A future's owner: its model's, else its session's (sample and create_model futures carry a session, no model).
@@ -137,15 +144,17 @@ def _checkpoint_not_found(path: TinkerPath, what: str) -> NotFoundError:
 
 
 def check_live_models(db: Session, who: Principal) -> None:
-    """429 when `who` has max_live_models models live (pending or ready) already."""
+    """403 when `who` has max_live_models models live (pending or ready) already: not retried, since only the key's
+    own client frees a slot."""
     if who.max_live_models is None:
         return
     live = db.execute(COUNT_LIVE_MODELS, {"owner": who.key_id}).scalar_one()
     if live >= who.max_live_models:
-        raise QuotaExceededError(
+        raise QuotaFullError(
             f"quota exceeded: API key {who.name!r} has {live} live model(s), its max_live_models quota is "
-            f"{who.max_live_models}; unload one (or end its session) first, or ask the operator for a larger quota",
-            LIVE_MODELS_RETRY_AFTER_S)
+            f"{who.max_live_models}; waiting will not free a slot: unload one of its models (POST "
+            "/api/v1/unload_model) or end the session that holds it (ServiceClient.close(), or let it time out), or "
+            "ask the operator for a larger max_live_models")
 
 
 def check_inflight(db: Session | Connection, who: Principal) -> None:

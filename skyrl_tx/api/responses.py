@@ -22,6 +22,8 @@ class ErrorBody(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "Invalid argument (a malformed body included): the message names the field and the fix",
     401: "Missing, unknown or revoked API key (only with --auth keys)",
+    403: "The API key's max_live_models quota is used up: not retried, since waiting frees no slot (unload a model or "
+         "end its session first)",
     404: "Not found (another API key's objects are not found either)",
     409: "Conflict: the id was already used by a different request, or the object is busy (retry)",
     410: "Gone: the session has ended (finished, or silent past the session timeout)",

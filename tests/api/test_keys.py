@@ -1,6 +1,6 @@
 """API keys on a live --auth keys server: a missing, unknown or revoked key gets 401 (X-API-Key and Bearer both
-work, healthz stays open); a revoked key's models unload after the session timeout; quotas answer 429 with
-Retry-After; --auth none is refused off loopback, with the command that makes a key."""
+work, healthz stays open); a revoked key's models unload after the session timeout; max_inflight_requests answers
+429 with Retry-After, max_live_models a 403 the SDK raises at once; --auth none is refused off loopback, with the command that makes a key."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.keys import revoke_key
 
 SESSION_TIMEOUT_S = 15  # the SDK heartbeats every 10 s
-KEYS = {"user": {}, "leaver": {}, "one_model": {"max_live_models": 1}, "one_request": {"max_inflight_requests": 1}}
+KEYS = {"user": {}, "leaver": {}, "one_model": {"max_live_models": 1}, "one_model_sdk": {"max_live_models": 1},
+        "one_request": {"max_inflight_requests": 1}}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -111,22 +113,52 @@ def _create_model(client: httpx.Client, session: str, seq: int) -> httpx.Respons
                                                      "base_model": "tiny-qwen3", "lora_config": {"rank": 4}})
 
 
-def test_max_live_models_answers_429_with_retry_after(server_url) -> None:
+def test_max_live_models_answers_403_without_retry_after(server_url) -> None:
     with http(server_url, server_url.keys["one_model"]) as client:
         session = _session(client)
         assert _create_model(client, session, 0).status_code == 200
         assert _create_model(client, session, 0).status_code == 200  # a retry of the same model is no new one
         refused = _create_model(client, session, 1)
-        assert refused.status_code == 429, refused.text
-        assert int(refused.headers["Retry-After"]) > 0
+        # Not 429: waiting frees no slot, and the SDK retries a 429 for hours.
+        assert refused.status_code == 403, refused.text
+        assert "Retry-After" not in refused.headers
+        assert refused.json()["type"] == "quota_exceeded"
         assert "max_live_models quota is 1" in refused.json()["message"]
+        assert "unload_model" in refused.json()["message"]
         # An unloaded model frees its place.
         assert client.post("/api/v1/unload_model", json={"model_id": f"{session}:train:0"}).status_code == 200
         deadline = time.monotonic() + 60
-        while (response := _create_model(client, session, 1)).status_code == 429:
+        while (response := _create_model(client, session, 1)).status_code == 403:
             assert time.monotonic() < deadline, response.text
             time.sleep(0.5)
         assert response.status_code == 200
+
+
+def test_the_sdk_raises_the_live_model_quota_instead_of_retrying(server_url, monkeypatch) -> None:
+    """create_lora_training_client beyond max_live_models raises PermissionDeniedError with the server's message; as a
+    429 the SDK kept retrying it (for up to two hours), so the call seemed to hang. Bounded by a 60 s join."""
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    with tinker.ServiceClient(base_url=server_url, api_key=server_url.keys["one_model_sdk"]) as client:
+        client.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
+        outcome: list[BaseException] = []
+
+        def second() -> None:
+            try:
+                client.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=2).result()
+            except BaseException as exc:  # noqa: BLE001 - checked below, in the test's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=second, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the SDK still retries create_lora_training_client beyond max_live_models"
+        assert outcome, "a second model was created beyond max_live_models 1"
+
+        def raise_it() -> None:
+            raise outcome[0]
+
+        assert status_of(raise_it) == 403
+        assert "max_live_models quota is 1" in str(outcome[0]), repr(outcome[0])
 
 
 def test_max_inflight_requests_answers_429_with_retry_after(server_url) -> None:

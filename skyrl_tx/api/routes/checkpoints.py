@@ -100,7 +100,7 @@ def _training_checkpoint(db: Session, raw_path: str, who: Principal) -> tuple[Ti
     return path, checkpoint_meta(db, path, who, "load_weights")[1]
 
 
-@router.post("/load_weights", responses=SUBMIT_ERRORS)
+@router.post("/load_weights", responses={**SUBMIT_ERRORS, **errors(403)})  # 403: max_live_models
 def load_weights(body: LoadWeightsRequest, request: Request, db: DbDep, settings: SettingsDep,
                  who: CallerDep) -> ModelFuture:
     if body.session_id is None:  # legacy addressing: an existing model

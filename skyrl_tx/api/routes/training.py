@@ -63,7 +63,7 @@ class OptimStepRequest(BaseModel):
     optimizer_params: dict[str, Any] | None = None  # non-Adam families (DimuonParams); api/optimizers.py checks
 
 
-@router.post("/create_model", responses=SUBMIT_ERRORS)
+@router.post("/create_model", responses={**SUBMIT_ERRORS, **errors(403)})  # 403: max_live_models
 def create_model(body: CreateModelRequest, request: Request, db: DbDep, settings: SettingsDep,
                  who: CallerDep) -> ModelFuture:
     session = owned_session(db, body.session_id, who, f"create_model: session {body.session_id!r} not found; "
