@@ -13,7 +13,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from skyrl_tx.db import migrate
+from skyrl_tx.db import audit, migrate
 from skyrl_tx.db.models import ApiKeyRecord
 from skyrl_tx.db.session import make_engine, make_session_factory
 from skyrl_tx.errors import ConflictError, InvalidArgumentError, NotFoundError
@@ -84,6 +84,8 @@ def create_key(database_url: str, name: str, *, admin: bool = False, max_live_mo
                                 "revoke); choose another --name")
         db.add(row)
         try:
+            audit.record(db, "key_create", actor=None, owner=row.id, resource=row.id,  # None: the command line
+                         details={"name": name, "admin": admin})
             db.commit()
         except IntegrityError as exc:  # a concurrent create of the same name
             raise ConflictError(f"keys create: a key named {name!r} exists already; choose another --name") from exc
@@ -103,7 +105,15 @@ def revoke_key(database_url: str, name_or_id: str) -> KeyInfo:
         if row is None:
             raise NotFoundError(f"keys revoke: no key named {name_or_id!r} (nor with that id); see "
                                 "`skyrl-tx keys list`")
-        if row.revoked_at is None:
-            row.revoked_at = datetime.now(timezone.utc)
-            db.commit()
+        revoke(db, row, actor=None)
         return KeyInfo.of(row)
+
+
+def revoke(db: Session, row: ApiKeyRecord, *, actor: str | None, request_id: str | None = None) -> None:
+    """Revokes `row` (once: a second revoke changes nothing) with its audit entry, in one commit. `actor`: the key
+    that asked (DELETE /api/v1/auth/apikey/me: the key itself), None for the command line."""
+    if row.revoked_at is None:
+        row.revoked_at = datetime.now(timezone.utc)
+        audit.record(db, "key_revoke", actor=actor, owner=row.id, resource=row.id, request_id=request_id,
+                     details={"name": row.name})
+        db.commit()

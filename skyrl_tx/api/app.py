@@ -24,7 +24,7 @@ from skyrl_tx.api.openapi import install_openapi
 from skyrl_tx.api.submit import record_unusable_body
 from skyrl_tx.api.url_signing import signing_secret
 from skyrl_tx.api.routes import checkpoints, custom_losses, futures, futures_batch, sampling, sampling_clients, service
-from skyrl_tx.api.routes import sessions
+from skyrl_tx.api.routes import audit_log, identity, session_info, sessions, usage
 from skyrl_tx.api.routes import training, training_runs, weight_copies
 from skyrl_tx.api.routes import openai_compat
 from skyrl_tx.api.waiters import FutureWaiters
@@ -208,7 +208,8 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     install_auth(app, settings, engine)  # the API-key check, outermost: a refused request's body is never read
     for router in (service.router, sessions.router, training.router, custom_losses.router, sampling.router,
                    sampling_clients.router, futures.router, futures_batch.router, checkpoints.router,
-                   weight_copies.router, training_runs.router, openai_compat.router):
+                   weight_copies.router, training_runs.router, openai_compat.router, session_info.router,
+                   identity.router, audit_log.router, usage.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     install_openapi(app)

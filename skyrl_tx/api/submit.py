@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import Request
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,7 +18,7 @@ from skyrl_tx.api.ownership import require_owned_model
 from skyrl_tx.api.principal import caller_of
 from skyrl_tx.api.request_ids import REQUEST_ID
 from skyrl_tx.api.validation import SEQ_ID_MAX
-from skyrl_tx.db import future_queries
+from skyrl_tx.db import audit, future_queries
 from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
 from skyrl_tx.errors import ConflictError, NotFoundError, SkyrlTxError
 
@@ -42,6 +42,7 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
             db.add_all(extra_rows)
             db.flush()
         db.execute(future_queries.INSERT_FUTURE, row)
+        _audit(request, db, future_id, request_type, body, extra_rows)
         db.commit()
     except IntegrityError:  # the id exists: a retry (or a concurrent one that won the race)
         db.rollback()
@@ -54,6 +55,30 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
     request.app.state.wake_engine()
     request.state.future_id = future_id  # named by the access-log line (api/request_ids.py)
     return future_id
+
+
+# Accepted requests that the audit log records (GET /api/v1/audit), with their event; a checkpoint save only when it
+# names a checkpoint (not an ephemeral sampler snapshot).
+AUDITED = {"create_model": "model_create", "unload_model": "model_unload", "save_weights": "checkpoint_save",
+           "save_weights_external": "checkpoint_save", "save_weights_for_sampler": "checkpoint_save"}
+
+
+def _audit(request: Request, db: Session | Connection, future_id: str, request_type: str, body: dict[str, Any],
+           extra_rows: tuple[Any, ...]) -> None:
+    """The audit entry of an accepted request, in its transaction: a retry (same id) rolls it back with the insert."""
+    event = AUDITED.get(request_type)
+    if event is None or (event == "checkpoint_save" and "path" not in body):
+        return
+    model_id = body["model_id"]
+    created = next((r for r in extra_rows if isinstance(r, ModelRecord)), None)
+    owner = created.owner_key_id if created is not None else db.execute(
+        select(ModelRecord.owner_key_id).where(ModelRecord.id == model_id)).scalar_one_or_none()
+    who = caller_of(request)
+    details = {"model_id": model_id, "request_type": request_type, "future_id": future_id}
+    if "path" in body:
+        details["tinker_path"] = body["path"]
+    audit.record(db, event, actor=who.key_id if who else None, owner=owner, resource=body.get("path", model_id),
+                 details=details, request_id=REQUEST_ID.get())
 
 
 def record_rejected(request: Request, db: Session | Connection, *, model_id: str, seq_id: int, request_type: str,

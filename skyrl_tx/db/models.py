@@ -283,6 +283,23 @@ class SamplingSessionRecord(Base):
     clients_joined: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
+class AuditRecord(Base):
+    """One audit-log entry (GET /api/v1/audit): an action on a key's objects, written by the API in the transaction
+    that accepts it (db/audit.py). Append-only: rows are never changed or deleted by the server."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)  # append order: the page cursor
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    event: Mapped[str] = mapped_column(String)  # <resource>_<action>, e.g. checkpoint_delete (db/audit.py EVENTS)
+    # Who acted (api_keys.id; None: --auth none, or the `skyrl-tx keys` command line) and whose object it is.
+    actor_key_id: Mapped[str | None] = mapped_column(String, nullable=True, index=True)
+    owner_key_id: Mapped[str | None] = mapped_column(String, nullable=True, index=True)
+    resource: Mapped[str] = mapped_column(String)  # what it is about: a model id, a tinker:// path, a key id
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)  # X-Request-Id of the HTTP request
+
+
 STABILITY_RECORD_TTL = timedelta(days=1)  # a stability record's life after its last use (StabilityUseRecord)
 
 

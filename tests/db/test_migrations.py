@@ -19,7 +19,7 @@ from skyrl_tx.db.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {"sessions", "models", "futures", "checkpoints", "sampling_sessions", "recovery_snapshots",
-          "api_keys", "stability_uses"}
+          "api_keys", "stability_uses", "audit_events"}
 
 
 def table_names(url: str) -> set[str]:

@@ -17,7 +17,9 @@ from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.responses import (BODY_ERRORS, COMMON_ERRORS, ClientConfigResponse, ClientDynamicConfigResponse,
                                      CreateSessionResponse, EmptyResponse, HealthFailedResponse, HealthResponse,
                                      ServerCapabilitiesResponse, TelemetryResponse, errors)
+from skyrl_tx.api.request_ids import REQUEST_ID
 from skyrl_tx.api.validation import check_json_finite
+from skyrl_tx.db import audit
 from skyrl_tx.db.models import SessionRecord, SessionStatus
 from skyrl_tx.db.unload_requests import request_unloads
 from skyrl_tx.errors import GoneError
@@ -108,6 +110,10 @@ def finish_session(session_id: str, request: Request, db: DbDep, who: CallerDep,
     if body is not None and body.reason is not None and session.finish_reason is None:
         session.finish_reason, session.finish_detail = body.reason.type, body.detail
     unloads = request_unloads(db, session_id)
+    for model_id in unloads:  # audited as unload_model requests are (api/submit.py), in the same transaction
+        audit.record(db, "model_unload", actor=who.key_id, owner=session.owner_key_id, resource=model_id,
+                     request_id=REQUEST_ID.get(), details={"model_id": model_id, "reason": "session_finish",
+                                                           "session_id": session_id})
     db.commit()
     if unloads:
         request.app.state.wake_engine()

@@ -21,7 +21,9 @@ from skyrl_tx.api.routes.checkpoints import check_ttl
 from skyrl_tx.api.url_signing import signature, signature_matches
 from skyrl_tx.api.validation import INT64_MAX
 from skyrl_tx.checkpoints.paths import TinkerPath
-from skyrl_tx.db.models import ApiKeyRecord, CheckpointRecord, CheckpointStatus, ModelRecord
+from skyrl_tx.api.request_ids import REQUEST_ID
+from skyrl_tx.db import audit
+from skyrl_tx.db.models import ApiKeyRecord, CheckpointRecord, CheckpointStatus, ModelRecord, SessionRecord
 from skyrl_tx.errors import InvalidArgumentError, NotFoundError
 
 router = APIRouter(prefix="/api/v1")
@@ -30,6 +32,7 @@ PATH_ERRORS = {**COMMON_ERRORS, **errors(404)}  # a run or checkpoint the caller
 
 URL_LIFETIME_S = 3600  # signed download URLs stay valid this long
 OWNER = "local"  # the owner of what was made with --auth none (with keys: the key's id)
+DEFAULT_PROJECT = "default"  # the project of a session created without one (this server keeps no project list)
 
 
 class TtlRequest(BaseModel):
@@ -49,9 +52,14 @@ def _listed():
     return select(CheckpointRecord).where(CheckpointRecord.status == CheckpointStatus.READY.value)
 
 
-def _runs_of(who: Principal):
-    """The models (training runs) `who` sees: every one for an admin (and --auth none), else its own."""
+def _runs_of(who: Principal, project_id: str | None = None):
+    """The models (training runs) `who` sees: every one for an admin (and --auth none), else its own; with
+    `project_id`, those whose session is in that project (sessions made without one are in "default")."""
     query = select(ModelRecord)
+    if project_id is not None:
+        in_project = select(SessionRecord.id).where(func.coalesce(SessionRecord.project_id, DEFAULT_PROJECT)
+                                                    == project_id)
+        query = query.where(ModelRecord.session_id.in_(in_project))
     return query if who.admin else query.where(ModelRecord.owner_key_id == who.key_id)
 
 
@@ -69,7 +77,7 @@ def _run_json(db: Session, model: ModelRecord) -> dict[str, Any]:
             "user_metadata": metadata}
 
 
-def _page(limit: int, offset: int) -> tuple[int, int]:
+def page_bounds(limit: int, offset: int) -> tuple[int, int]:
     if limit < 1 or limit > 1000 or not 0 <= offset <= INT64_MAX:  # the database takes a signed 64-bit offset
         raise InvalidArgumentError(f"limit must be in [1, 1000] and offset in [0, {INT64_MAX}] (got limit={limit}, "
                                    f"offset={offset})")
@@ -77,10 +85,14 @@ def _page(limit: int, offset: int) -> tuple[int, int]:
 
 
 @router.get("/training_runs", responses=PAGE_ERRORS)
-def list_training_runs(db: DbDep, who: CallerDep, limit: int = 20, offset: int = 0) -> TrainingRunsResponse:
-    limit, offset = _page(limit, offset)
-    total = db.scalar(select(func.count()).select_from(_runs_of(who).subquery()))
-    models = db.scalars(_runs_of(who).order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
+def list_training_runs(db: DbDep, who: CallerDep, limit: int = 20, offset: int = 0,
+                        project_id: str | None = None) -> TrainingRunsResponse:
+    """The caller's runs, newest first; `project_id` keeps those of sessions in that project (assign_session_project
+    moves a session, and its runs, into one)."""
+    limit, offset = page_bounds(limit, offset)
+    runs = _runs_of(who, project_id)
+    total = db.scalar(select(func.count()).select_from(runs.subquery()))
+    models = db.scalars(runs.order_by(ModelRecord.created_at.desc()).limit(limit).offset(offset))
     return TrainingRunsResponse.model_validate(
         {"training_runs": [_run_json(db, m) for m in models],
          "cursor": {"offset": offset, "limit": limit, "total_count": total}})
@@ -100,7 +112,7 @@ def list_run_checkpoints(run_id: str, db: DbDep, who: CallerDep) -> CheckpointsL
 
 @router.get("/checkpoints", responses=PAGE_ERRORS)
 def list_all_checkpoints(db: DbDep, who: CallerDep, limit: int = 100, offset: int = 0) -> CheckpointsListResponse:
-    limit, offset = _page(limit, offset)
+    limit, offset = page_bounds(limit, offset)
     listed = _listed()
     if not who.admin:  # the caller's own checkpoints (published ones of others are read by path, not listed)
         listed = listed.join(ModelRecord, ModelRecord.id == CheckpointRecord.model_id).where(
@@ -120,6 +132,13 @@ def _writable(db: Session, run_id: str, kind: str, name: str, who: Principal) ->
     return writable_checkpoint(db, _path(run_id, kind, name), who, "checkpoint")
 
 
+def _audit(db: Session, event: str, row: CheckpointRecord, who: Principal, **details: object) -> None:
+    """The change's audit entry, committed with it (db/audit.py)."""
+    owner = db.scalar(select(ModelRecord.owner_key_id).where(ModelRecord.id == row.model_id))
+    audit.record(db, event, actor=who.key_id, owner=owner, resource=row.tinker_path, request_id=REQUEST_ID.get(),
+                 details={"model_id": row.model_id, "tinker_path": row.tinker_path, **details})
+
+
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id}", responses=errors(400, 401, 500))
 def delete_bare_checkpoint_id(run_id: str, checkpoint_id: str) -> None:
     TinkerPath.from_checkpoint_id(run_id, checkpoint_id)  # always raises: the kind is missing
@@ -129,6 +148,7 @@ def delete_bare_checkpoint_id(run_id: str, checkpoint_id: str) -> None:
 def delete_checkpoint(run_id: str, kind: str, name: str, request: Request, db: DbDep, who: CallerDep) -> None:
     row = _writable(db, run_id, kind, name, who)
     row.status = CheckpointStatus.DELETED.value  # unlisted first: a reader never sees a half-deleted checkpoint
+    _audit(db, "checkpoint_delete", row, who, size_bytes=row.size_bytes)
     db.commit()
     request.app.state.store.delete(row.storage_uri)
 
@@ -139,19 +159,24 @@ def set_checkpoint_ttl(run_id: str, kind: str, name: str, body: TtlRequest, db: 
     row = _writable(db, run_id, kind, name, who)
     row.expires_at = (datetime.now(timezone.utc) + timedelta(seconds=body.ttl_seconds)
                       if body.ttl_seconds is not None else None)
+    _audit(db, "checkpoint_ttl_set", row, who, ttl_seconds=body.ttl_seconds)
     db.commit()
 
 
 @router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", responses={**PATH_ERRORS, **errors(400)})
 def publish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
     """Every key may then read it by its tinker:// path (load, sample, download); only its owner may change it."""
-    _writable(db, run_id, kind, name, who).public = True
+    row = _writable(db, run_id, kind, name, who)
+    row.public = True
+    _audit(db, "checkpoint_publish", row, who)
     db.commit()
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", responses={**PATH_ERRORS, **errors(400)})
 def unpublish_checkpoint(run_id: str, kind: str, name: str, db: DbDep, who: CallerDep) -> None:
-    _writable(db, run_id, kind, name, who).public = False
+    row = _writable(db, run_id, kind, name, who)
+    row.public = False
+    _audit(db, "checkpoint_unpublish", row, who)
     db.commit()
 
 
