@@ -161,8 +161,9 @@ def test_each_completion_is_reported_once_per_cursor_and_again_for_an_older_one(
 def test_a_poll_with_nothing_to_report_answers_at_its_deadline(http: httpx.Client) -> None:
     sampler = sampler_id(http, 0)
     started = time.monotonic()
-    assert poll(http, sampler, timeout=1.0) == {"completions": [], "cursor": 0}
-    assert 1.0 <= time.monotonic() - started < 10.0
+    assert poll(http, sampler, timeout=1.0) == {"completions": [], "cursor": 0}  # bounded: the client's timeout
+    waited = time.monotonic() - started
+    assert waited >= 1.0  # held to its deadline, not answered at once: a busy machine only makes this longer
 
 
 def test_a_cursor_the_server_never_gave_still_sees_new_completions(http: httpx.Client) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from skyrl_tx.db.session import make_engine, make_session_factory
 from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import EngineLoop
 from skyrl_tx.errors import NotFoundError
-from skyrl_tx.models.tiny_presets import generate_model
 
 from engine_rows import DATUM, add, create, future, results
 
@@ -32,22 +30,24 @@ STEP_LIMIT = 20_000  # a bound on every stepping loop below, so a hang fails ins
 
 
 class SlowStore(CheckpointStore):
-    """A local store that uploads like a remote bucket: `ready` holds an upload back as long as a test needs, and
-    `bytes_per_s` (when set) makes it take as long as at that bandwidth."""
+    """A local store that uploads like a remote bucket whose upload takes as long as the test needs: `ready` holds
+    the writer inside publish until it is set; `entered` says a writer got there; `writers` names its threads."""
 
     def __init__(self, base_url: str):
         super().__init__(base_url)
         self.ready = threading.Event()
         self.ready.set()
-        self.bytes_per_s: float | None = None
+        self.entered = threading.Event()
+        self.writers: list[str] = []
 
     def publish(self, *args, **kwargs) -> int:
-        assert self.ready.wait(60)
-        started = time.perf_counter()
-        size = super().publish(*args, **kwargs)
-        if self.bytes_per_s:
-            time.sleep(max(0.0, size / self.bytes_per_s - (time.perf_counter() - started)))
-        return size
+        self.writers.append(threading.current_thread().name.rsplit("_", 1)[0])  # pool threads: <prefix>_<n>
+        self.entered.set()
+        # Held on the engine's own thread, the loop would stop for as long: fail at once rather than at the bound.
+        assert self.ready.is_set() or threading.current_thread() is not threading.main_thread(), \
+            "the checkpoint is written on the engine loop's thread"
+        assert self.ready.wait(300), "the test never let the upload go on"
+        return super().publish(*args, **kwargs)
 
 
 def make_loop(tmp_path: Path, model_dir: Path, **settings) -> EngineLoop:
@@ -138,50 +138,26 @@ def test_full_finetune_checkpoint_keeps_the_model_dtype(tmp_path, tiny_model_dir
     assert len(raw) < sum(t.numel() for t in state.values()) * 2 + 64 * 1024  # 2 bytes a weight + the header
 
 
-# ---- acceptance: another user's sampling throughput while a ~100 MB checkpoint is saved ---------------------
-@pytest.fixture(scope="module")
-def model_100mb(tmp_path_factory) -> Path:
-    """tiny-qwen3 widened to ~29M parameters: ~118 MB of float32 weights."""
-    return generate_model("tiny-qwen3", tmp_path_factory.mktemp("m100") / "tiny-qwen3-100mb", hidden_size=512,
-                          intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
-                          head_dim=64)
-
-
-def sampling_seconds(loop: EngineLoop, tag: str, save: TinkerPath | None) -> float:
-    """Wall time for 16 sampling requests of user "b" to finish, with user "a" saving at the same moment."""
-    body = {"prompt_tokens": [1, 2, 3, 4, 5, 6, 7, 8], "num_samples": 1, "weights_id": "",
-            "sampling_params": {"max_tokens": 48, "temperature": 1.0}}
-    rows = [future(f"{tag}:{i}", "sample", {**body, "sampling_params": {**body["sampling_params"], "seed": i}})
-            for i in range(16)]
-    if save is not None:
-        seq = int(save.name.rsplit("_", 1)[1])
-        rows.append(future(f"a:{seq}", "save_weights", {"model_id": "a:train:0", "path": str(save)}, "a:train:0", seq))
-    add(loop, *rows)
-    started = time.perf_counter()
-    ids = {f"{tag}:{i}" for i in range(16)}
-    step_until(loop, lambda: all(results(loop)[i].status == "completed" for i in ids))
-    return time.perf_counter() - started
-
-
-def test_another_users_sampling_keeps_its_throughput_while_a_100mb_model_is_saved(tmp_path, model_100mb):
-    loop = make_loop(tmp_path, model_100mb)
-    # Uploaded at 100 MB/s, as to a bucket: ~1.2 s per save. (On a local disk the write takes ~0.3 s here; on the
-    # engine loop, as before, a save at this bandwidth cut the other user's throughput to ~0.6 of its rate.)
-    loop.checkpointer.store.bytes_per_s = 100e6
-    create_full(loop, "a", "a:train:0", "tiny-qwen3-100mb")
-    sampling_seconds(loop, "warm", None)  # first decode steps allocate the KV cache
-    alone, with_save = [], []
-    for round_ in range(1, 6):  # interleaved, so a busy machine slows both sides alike
-        alone.append(sampling_seconds(loop, f"alone{round_}", None))
-        path = TinkerPath("a:train:0", "weights", f"step_{round_}")
-        with_save.append(sampling_seconds(loop, f"save{round_}", path))
-        assert loop.checkpointer.saves.wait(timeout=120)
-        step_until(loop, lambda save_id=f"a:{round_}": results(loop)[save_id].status != "running")
-        assert results(loop)[f"a:{round_}"].status == "completed"
-        assert checkpoint_status(loop, path) == "ready"
-    size = sum(loop.checkpointer.store.files(loop.checkpointer.store.location(path)).values())
-    assert size > 100e6  # the save really wrote a ~100 MB checkpoint
-    ratio = min(alone) / min(with_save)  # best of five: other processes on a shared machine only add time
-    print(f"sampling throughput while saving {size / 1e6:.0f} MB: {ratio:.2f} of its rate without the save "
-          f"(alone {alone}, with the save {with_save})")
-    assert ratio >= 0.8
+def test_another_user_samples_to_completion_while_a_save_is_held_in_its_writer(tmp_path, tiny_model_dir):
+    """The save's writing runs on the save worker, off the engine loop: while the writer is held inside publish (an
+    event the test controls), the loop keeps stepping and another user's samples run from start to finish; the save
+    completes once the writer is let go. (Its cost to the other user's throughput is measured by
+    `python -m skyrl_tx.bench saves`, not here.)"""
+    loop = make_loop(tmp_path, tiny_model_dir("tiny-qwen3"))
+    create(loop, "a", "a:train:0")
+    store = loop.checkpointer.store
+    store.ready.clear()
+    path = TinkerPath("a:train:0", "weights", "step_1")
+    add(loop, future("a:1", "save_weights", {"model_id": "a:train:0", "path": str(path)}, "a:train:0", 1))
+    loop.step()
+    assert store.entered.wait(60), "the save never reached its writer"
+    body = {"prompt_tokens": [1, 2, 3, 4, 5, 6, 7, 8], "num_samples": 1, "weights_id": ""}
+    add(loop, *[future(f"b:{i}", "sample", {**body, "sampling_params": {"max_tokens": 16, "temperature": 1.0,
+                                                                        "seed": i}}) for i in range(16)])
+    step_until(loop, lambda: all(f.status == "completed" for i, f in results(loop).items() if i.startswith("b:")))
+    assert results(loop)["a:1"].status == "running" and checkpoint_status(loop, path) == "writing"
+    assert store.writers == ["skyrl-tx-saves"]  # the worker thread, never the engine's
+    store.ready.set()
+    assert loop.checkpointer.saves.wait(timeout=60)
+    step_until(loop, lambda: results(loop)["a:1"].status != "running")
+    assert results(loop)["a:1"].status == "completed" and checkpoint_status(loop, path) == "ready"
