@@ -83,7 +83,9 @@ def _join_rank(model_dir: str, settings: dict[str, Any], layout: RankLayout, ran
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.parallel.group import RankAddress, join_group, join_subgroups
 
-    join_group(RankAddress(layout.coordinator_address, rank, layout.world), timeout_s=COLLECTIVE_TIMEOUT_S)
+    # The rank's own device (rank_settings: cuda:first + local rank): NCCL there, Gloo on CPU (collective_backend_for).
+    join_group(RankAddress(layout.coordinator_address, rank, layout.world), device=settings["device"],
+               timeout_s=COLLECTIVE_TIMEOUT_S)
     tensor_parallel, data_parallel = join_subgroups(rank, layout.tensor_parallel_groups(),
                                                     layout.data_parallel_groups(), timeout_s=COLLECTIVE_TIMEOUT_S)
     control = td.new_group(backend="gloo", timeout=IDLE_FOREVER)
@@ -189,12 +191,15 @@ class DataParallelBackend:
         """Starts this node's other ranks (spawn), joins the group with them (remote nodes' ranks join through
         `skyrl-tx worker`), loads rank 0's part of the model, and checks every rank serves the same model with the
         same build."""
+        import torch.distributed as td
+
         layout = RankLayout.from_settings(settings)
         workers = layout.spawn(str(model_dir), settings, layout.ranks_of(0)[1:], _worker_main)
         channel = _join_rank(str(model_dir), layout.rank_settings(settings, 0), layout, 0)
         log.info("parallel: %d ranks (%d data-parallel x %d tensor-parallel) over %d node process(es) at %s (rank 0 "
-                 "pid %d, local workers %s)", layout.world, layout.data_parallel, layout.tensor_parallel,
-                 layout.processes, layout.coordinator_address, os.getpid(), [w.pid for w in workers])
+                 "pid %d, local workers %s); collectives on %s", layout.world, layout.data_parallel,
+                 layout.tensor_parallel, layout.processes, layout.coordinator_address, os.getpid(),
+                 [w.pid for w in workers], td.get_backend())
         return cls(channel.backend, channel, workers,
                    sharded=layout.tensor_parallel > 1 or settings.experts_over_data_parallel)
 

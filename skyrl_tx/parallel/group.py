@@ -1,8 +1,9 @@
 """join_group: a rank joins the engine's c10d process group and gets the C++ collectives on it.
 
 Rendezvous is c10d's TCPStore at the coordinator address (rank 0 hosts it, as torchrun's MASTER_ADDR/MASTER_PORT
-would); the group is ProcessGroupGloo on CPU and ProcessGroupNCCL on CUDA, made by torch.distributed, and every
-collective of a step is issued from C++ (skyrl_tx._C.Collectives, csrc/dist/collectives.h says why).
+would); the group's backend comes from collective_backend_for(the rank's device): Gloo on CPU; NCCL on CUDA, with
+Gloo registered beside it for the host tensors a step reduces. Made by torch.distributed; every collective of a step
+is issued from C++ (skyrl_tx._C.Collectives, csrc/dist/collectives.h says why).
 """
 
 from __future__ import annotations
@@ -14,6 +15,21 @@ from typing import Any
 
 from skyrl_tx._ext import load_extension
 from skyrl_tx.errors import InternalError, InvalidArgumentError
+
+
+def collective_backend_for(device: str) -> str:
+    """The c10d backend a rank whose tensors sit on `device` runs its collectives on: "nccl" on a CUDA device
+    ("cuda", "cuda:N"), else "gloo". The one place this is decided (join_group, join_side_group,
+    layout.weight_sync_on_cuda)."""
+    return "nccl" if device.split(":", 1)[0] == "cuda" else "gloo"
+
+
+def init_backend_for(device: str) -> str:
+    """init_process_group's backend for a rank on `device`. On CUDA, Gloo stays registered for CPU tensors beside
+    NCCL (torch dispatches each collective by its tensor's device): a few small reductions of a step are host
+    tensors (AdamW's tensor-parallel norm parts, csrc/optim/adamw.cpp), which NCCL refuses. Subgroups made later
+    with new_group inherit both."""
+    return "cpu:gloo,cuda:nccl" if collective_backend_for(device) == "nccl" else "gloo"
 
 
 @dataclass(frozen=True)
@@ -46,19 +62,27 @@ class RankAddress:
                                        "below num_processes / WORLD_SIZE")
 
 
-def join_group(address: RankAddress, device: str = "cpu", timeout_s: float = 60.0) -> Any:
-    """Joins (rank 0 also hosts the store) and returns skyrl_tx._C.Collectives. Ranks that do not all join within
-    `timeout_s` fail every rank with an error that names the coordinator, the world size and this rank."""
+def join_group(address: RankAddress, *, device: str, timeout_s: float = 60.0) -> Any:
+    """Joins (rank 0 also hosts the store) and returns skyrl_tx._C.Collectives. `device` is this rank's own (no
+    default: a rank on cuda:N that said nothing would join a Gloo group and copy every collective through the host);
+    collective_backend_for picks the backend. Ranks that do not all join within `timeout_s` fail every rank with an
+    error that names the coordinator, the world size and this rank."""
     address.check()
     host, port = address.host_port()
     native = load_extension()  # torch first, then _C
+    import torch
     import torch.distributed as td
 
     timeout = datetime.timedelta(seconds=timeout_s)
+    backend = init_backend_for(device)
+    if collective_backend_for(device) == "nccl":
+        if not td.is_nccl_available():
+            raise InvalidArgumentError(f"rank {address.rank} on {device} needs NCCL, which this torch build lacks")
+        if torch.device(device).index is not None:  # NCCL's communicators (and barrier) use the current device
+            torch.cuda.set_device(torch.device(device))
     try:
         store = td.TCPStore(host, port, address.world_size, is_master=address.rank == 0, timeout=timeout,
                             wait_for_workers=True)
-        backend = "nccl" if device.startswith("cuda") else "gloo"
         if td.is_initialized():
             raise InvalidArgumentError("join_group: this process already belongs to a process group")
         td.init_process_group(backend, store=store, rank=address.rank, world_size=address.world_size,
@@ -112,7 +136,7 @@ def join_side_group(address: RankAddress, device: str = "cpu", timeout_s: float 
     from torch._C._distributed_c10d import ProcessGroup
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    on_cuda = device.startswith("cuda")
+    on_cuda = collective_backend_for(device) == "nccl"
     if on_cuda and not td.is_nccl_available():
         raise InvalidArgumentError(f"the weight-sync group on {device} needs NCCL, which this torch build lacks")
     try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.parallel.group import collective_backend_for
 from skyrl_tx.ports import free_local_port
 
 
@@ -135,4 +136,4 @@ def weight_sync_on_cuda(settings: BackendSettings) -> bool:
     """Whether the trainer → sampler-engine sync group is NCCL: the trainer on CUDA, and so every sampler engine (each
     rank on its own device: sampler_device follows the trainer's, and config refuses inference_engine_devices that
     mix CPU and CUDA). Else Gloo, carrying CPU tensors (the same code)."""
-    return settings.device.startswith("cuda")
+    return collective_backend_for(settings.device) == "nccl"

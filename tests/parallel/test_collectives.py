@@ -22,7 +22,7 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out: Any) -> Non
         from skyrl_tx.parallel.group import RankAddress, join_group, leave_group
 
         timeout_s = {"ok": 180.0, "alone": 4.0, "dies": 120.0}[scenario]
-        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, world), timeout_s=timeout_s)
+        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, world), device="cpu", timeout_s=timeout_s)
         if scenario == "dies":
             if rank == 1:  # killed before the collective: rank 0's all-reduce must fail, not hang
                 os.kill(os.getpid(), signal.SIGKILL)

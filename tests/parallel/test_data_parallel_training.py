@@ -68,7 +68,8 @@ def _train(model_dir: str, rank: int, world: int, port: int) -> dict[str, Any]:
             else:
                 requests.append(TrainRequest(model_id, datums, loss_fn))
         if step == 0 and world > 1:
-            backend.attach_collectives(join_group(RankAddress(f"127.0.0.1:{port}", rank, world), timeout_s=60))
+            backend.attach_collectives(join_group(RankAddress(f"127.0.0.1:{port}", rank, world), device="cpu",
+                                                             timeout_s=60))
         results = backend.forward_backward(requests)
         steps.append([{"metrics": dict(r.metrics),
                        "outputs": [{k: torch.as_tensor(v).numpy().copy() for k, v in out.items()}

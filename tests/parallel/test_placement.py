@@ -88,3 +88,41 @@ def test_engine_devices_that_cannot_work_are_refused_by_name(devices: list, extr
            "inference_engine_tensor_parallel_size": 2, "inference_engine_devices": devices, **extra}
     with pytest.raises(InvalidArgumentError, match=fragment):
         BackendSettings.from_dict(raw)
+
+
+LAYOUTS = [  # (data-parallel, tensor-parallel, expert-parallel, node processes, sampler engines' tensor-parallel)
+    (2, 1, 1, 1, 1), (1, 2, 1, 1, 2), (2, 2, 1, 1, 1), (2, 2, 2, 1, 2), (4, 1, 4, 1, 1), (4, 2, 1, 2, 1),
+    (2, 4, 4, 2, 4), (3, 1, 1, 3, 1)]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:2"])
+@pytest.mark.parametrize(("dp", "tp", "ep", "processes", "engine_tp"), LAYOUTS)
+def test_every_rank_on_a_gpu_runs_its_collectives_on_nccl(device: str, dp: int, tp: int, ep: int, processes: int,
+                                                           engine_tp: int) -> None:
+    """Every rank of every layout gets its own device (rank_settings: what _join_rank passes join_group), and
+    collective_backend_for picks NCCL for it on a GPU, Gloo on a CPU (before, ranks on cuda:N joined Gloo groups);
+    sampler engines' ranks and the trainer → sampler-engine sync group the same."""
+    from skyrl_tx.parallel.group import collective_backend_for, init_backend_for
+    from skyrl_tx.parallel.layout import weight_sync_on_cuda
+
+    expected = "gloo" if device == "cpu" else "nccl"
+    settings = BackendSettings.from_dict({
+        "fully_sharded_data_parallel_size": dp, "tensor_parallel_size": tp, "expert_parallel_size": ep,
+        "num_processes": processes, "coordinator_address": "10.0.0.1:29500" if processes > 1 else "",
+        "device": device, "colocate_all": False, "num_inference_engines": 2,
+        "inference_engine_tensor_parallel_size": engine_tp})
+    layout = RankLayout.from_settings(settings)
+    rank_devices = [layout.rank_settings(settings, rank)["device"] for rank in range(layout.world)]
+    assert [collective_backend_for(d) for d in rank_devices] == [expected] * layout.world, rank_devices
+    if device != "cpu":  # each of a node's ranks on a device of its own (NCCL refuses two ranks on one device)
+        for process in range(processes):
+            mine = [rank_devices[r] for r in layout.ranks_of(process)]
+            assert len(set(mine)) == len(mine), mine
+    for engine in range(2):
+        engine_settings = BackendSettings(tensor_parallel_size=engine_tp, device=sampler_device(settings, engine))
+        engine_layout = RankLayout.from_settings(engine_settings)
+        assert {collective_backend_for(engine_layout.rank_settings(engine_settings, r)["device"])
+                for r in range(engine_tp)} == {expected}
+    assert weight_sync_on_cuda(settings) == (expected == "nccl")
+    # On a GPU the group keeps Gloo beside NCCL, for the host tensors a step reduces.
+    assert init_backend_for(rank_devices[0]) == ("gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")

@@ -36,7 +36,7 @@ def _raw_main(rank: int, port: int, out: Any) -> None:
         from skyrl_tx.parallel.group import RankAddress, join_group
         from skyrl_tx.parallel.weight_sync import make_weight_sync, weights_digest
 
-        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, WORLD), timeout_s=120)
+        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, WORLD), device="cpu", timeout_s=120)
         sync = make_weight_sync(group, root=0, bucket_bytes=1000)
         got = []
         for version in (1, 2):
@@ -71,7 +71,7 @@ def _model_main(model_dir: str, rank: int, port: int, out: Any) -> None:
         if trainer:
             create_lora_with_nonzero_b(backend, "a", rank=4, alpha=8.0, seed=1, b_seed=2)
             backend.create_model("full", lora_rank=0)
-        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, WORLD), timeout_s=120)
+        group = join_group(RankAddress(f"127.0.0.1:{port}", rank, WORLD), device="cpu", timeout_s=120)
         sync = make_weight_sync(group, root=0, bucket_bytes=256 << 10)  # several buckets for the full weights
         vocab = backend.decoder_config.vocab_size
         digests = []

@@ -44,7 +44,7 @@ def split_backend(model_dir: str, rank: int, world: int, tp: int, port: int, exp
     if world == 1:
         return NativeBackend(model_dir, settings)
     layout = RankLayout(world, 1, f"127.0.0.1:{port}", tp)
-    join_group(RankAddress(layout.coordinator_address, rank, world), timeout_s=60)
+    join_group(RankAddress(layout.coordinator_address, rank, world), device=settings.device, timeout_s=60)
     tensor_parallel, data_parallel = join_subgroups(rank, layout.tensor_parallel_groups(),
                                                     layout.data_parallel_groups(), timeout_s=60)
     backend = NativeBackend(model_dir, settings, tensor_parallel=tensor_parallel,
