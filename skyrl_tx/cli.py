@@ -22,18 +22,21 @@ SIGNING_SECRET_ENV = "SKYRL_TX_URL_SIGNING_SECRET"
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-model", required=True,
-                        help="a tiny preset (tiny-qwen3, tiny-qwen3-tied, tiny-llama3), a local Hugging Face "
+                        help="a tiny preset (tiny-qwen3, tiny-qwen3-tied, tiny-llama3, tiny-qwen3-moe, "
+                             "tiny-deepseek-v3, tiny-qwen3.5, tiny-qwen3.5-moe, tiny-qwen3-hd64), a local Hugging Face "
                              "model directory, or a hub id already in the HF cache")
     parser.add_argument("--model-alias", action="append", default=[], metavar="NAME",
                         help="another name clients may use for the base model (e.g. Qwen/Qwen3-8B); repeatable")
-    parser.add_argument("--backend-config", default=None,
+    parser.add_argument("--backend-config", default=None, metavar="JSON",
                         help=f"JSON object; keys: {', '.join(BackendSettings.valid_keys())}")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; an address other machines "
+                             "can reach needs --auth keys)")
     parser.add_argument("--auth", choices=("keys", "none"), default=None,
                         help="keys: every request needs an API key (`skyrl-tx keys create`) and each key sees only "
                              "its own sessions, models and checkpoints; none: no key is checked (default, allowed "
                              "only when --host is a loopback address)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--public-url", default=None, metavar="URL",
                         help="the base URL clients reach this server at (e.g. behind a proxy); signed checkpoint "
                              "download URLs point there (default: http://<host>:<port>)")
@@ -270,7 +273,7 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--admin", action="store_true", help="the key sees and acts on every key's objects")
     keys_sub.add_parser("list", help="list the keys (never the keys themselves)")
     revoke = keys_sub.add_parser("revoke", help="revoke a key: its next request gets 401")
-    revoke.add_argument("key", metavar="NAME_OR_ID")
+    revoke.add_argument("key", metavar="NAME_OR_ID", help="the key's name or id, as `skyrl-tx keys list` shows them")
     for p in keys_sub.choices.values():
         p.add_argument("--database-url", default=None, help=f"the server's database (default ${DATABASE_URL_ENV}, "
                        "else sqlite in $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx, as for `serve`)")
@@ -284,12 +287,12 @@ def add_db_parser(sub: argparse._SubParsersAction) -> None:
     url_help = (f"SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://user:pw@host/db); default "
                 f"${DATABASE_URL_ENV}, else sqlite in $SKYRL_TX_DATA_DIR or ~/.local/share/skyrl_tx")
     upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema (or REVISION)")
-    upgrade.add_argument("revision", nargs="?", default="head")
+    upgrade.add_argument("revision", nargs="?", default="head", help="target revision (default head: the newest)")
     downgrade = db_sub.add_parser("downgrade", help="migrate the database down to REVISION (base: drop all)")
-    downgrade.add_argument("revision")
+    downgrade.add_argument("revision", help="target revision, e.g. 0010; base drops every table")
     current = db_sub.add_parser("current", help="print the database's revision")
     revision = db_sub.add_parser("revision", help="write a new migration script (development)")
-    revision.add_argument("-m", "--message", required=True)
+    revision.add_argument("-m", "--message", required=True, help="what the revision does (its file name's slug)")
     revision.add_argument("--autogenerate", action="store_true",
                           help="diff the models against the database (default: a scratch SQLite at head)")
     for p in (upgrade, downgrade, current, revision):
@@ -304,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)
     preset_parser = sub.add_parser("preset", help="generate (or find) a tiny preset model; prints its directory")
-    preset_parser.add_argument("name")
+    preset_parser.add_argument("name", help="a preset name, e.g. tiny-qwen3 (an unknown name lists the known ones)")
     preset_parser.set_defaults(func=generate_preset)
     engine_parser = sub.add_parser("engine", help="run only the engine, for a server started with --engine external")
     add_serve_arguments(engine_parser)
