@@ -1,7 +1,7 @@
 """Command line: `python -m skyrl_tx.bench [compute]` (skyrl_tx vs HF + PEFT), `... api` (API overhead),
 `... shared-cpu` (step latency beside a busy process, per thread policy), `... data-parallel` (step, collective time
-and bytes per data-parallel layout), `... packing` (mixed-length training, packed against padded) and the other modes
-below."""
+and bytes per data-parallel layout), `... packing` (mixed-length training, packed against padded), `... saves` (another
+user's sampling rate while a checkpoint is saved) and the other modes below."""
 
 from __future__ import annotations
 
@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tx.bench.weight_sync import run_weight_sync
 
         run_weight_sync(argv[1:])
+        return
+    if argv and argv[0] == "saves":
+        from skyrl_tx.bench.saves import run_saves
+
+        run_saves(argv[1:])
         return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions
