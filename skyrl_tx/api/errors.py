@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from skyrl_tx.api.openai_errors import OPENAI_PREFIXES, error_body
+from skyrl_tx.api.openai.errors import OPENAI_PREFIXES, error_body
 from skyrl_tx.api.submit import record_invalid_body
 from skyrl_tx.errors import InvalidArgumentError, SkyrlTxError
 

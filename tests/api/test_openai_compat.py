@@ -176,7 +176,7 @@ def test_streaming_yields_the_same_text_chunk_by_chunk(client: openai.OpenAI, se
 
 
 def test_stream_follows_the_decode_steps_and_joins_to_the_whole_answer(client: openai.OpenAI) -> None:
-    """stream: true sends text as the engine decodes (api/openai_live.py): with n=2 the two choices' chunks
+    """stream: true sends text as the engine decodes (api/openai/live.py): with n=2 the two choices' chunks
     interleave step by step (the finished-result path sends one choice after the other), stop strings are cut
     exactly as without streaming, and the chunks of each choice join to the non-streamed text."""
     args = {"model": BASE_MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 1.0, "seed": 123, "n": 2}
@@ -289,7 +289,7 @@ def test_chat_template_and_prompts_tokenize_as_transformers(tiny_model_dir: Any,
     """The API's own rendering (jinja2, no transformers) gives transformers' prompt tokens, BOS handling included."""
     from transformers import AutoTokenizer
 
-    from skyrl_tx.api.openai_text import ModelText
+    from skyrl_tx.api.openai.text import ModelText
 
     model_dir = tiny_model_dir(preset)
     ours, hf = ModelText(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
@@ -340,7 +340,7 @@ def test_openai_and_tinker_requests_share_the_batch_without_mixing_up(client: op
 def test_stream_deltas_join_to_the_text_through_multibyte_characters(tiny_model_dir: Any) -> None:
     """Byte-level tokens split UTF-8 characters: a delta never carries half of one, and the deltas of a completion
     cut at a stop string join to exactly the cut text."""
-    from skyrl_tx.api.openai_text import ModelText, cut_completion, text_deltas
+    from skyrl_tx.api.openai.text import ModelText, cut_completion, text_deltas
 
     text = ModelText(tiny_model_dir(BASE_MODEL))
     sentence = "Emoji: 😀 🎉 敏捷的棕色狐狸 café — done."

@@ -1,7 +1,7 @@
 """The OpenAI-compatible endpoint (/oai/api/v1, alias /v1): completions, chat completions and models, sampled by
 the same engine batch as Tinker's asample. Errors are OpenAI-shaped ({"error": {message, type, param, code}}).
 
-`stream: true` sends server-sent-event chunks as the engine decodes (api/openai_live.py: the engine reports each
+`stream: true` sends server-sent-event chunks as the engine decodes (api/openai/live.py: the engine reports each
 streaming sample's new tokens after every decode step); with `logprobs` it sends the finished result as chunks, one
 per generated token (the decode steps report tokens, not logprobs)."""
 
@@ -18,15 +18,15 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from skyrl_tx.api import openai_render as render
 from skyrl_tx.api.json_response import FiniteJSONResponse
-from skyrl_tx.api.openai_errors import PREFIXES, OpenAIError, error_json, from_skyrl, invalid
-from skyrl_tx.api.openai_live import live_sse
-from skyrl_tx.api import openai_responses as documented
-from skyrl_tx.api.openai_sampling import resolve_weights, sample, sampler_checkpoints
-from skyrl_tx.api.openai_schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
+from skyrl_tx.api.openai import render
+from skyrl_tx.api.openai import responses as documented
+from skyrl_tx.api.openai.errors import PREFIXES, OpenAIError, error_json, from_skyrl, invalid
+from skyrl_tx.api.openai.live import live_sse
+from skyrl_tx.api.openai.sampling import resolve_weights, sample, sampler_checkpoints
+from skyrl_tx.api.openai.schemas import (ChatBody, CompletionBody, chat_messages, chat_spec, completion_spec, parse,
                                          prompts_of)
-from skyrl_tx.api.openai_text import ModelText
+from skyrl_tx.api.openai.text import ModelText
 from skyrl_tx.api.principal import caller
 from skyrl_tx.errors import SkyrlTxError
 
@@ -130,7 +130,7 @@ async def completions(request: Request) -> Response:
     who = await caller(request)
     weights_id = await asyncio.to_thread(resolve_weights, request, body.model, who)
     limits = [_max_tokens(request, spec.params["max_tokens"], "max_tokens", len(p), "prompt") for p in prompts]
-    if spec.stream and not spec.logprobs:  # chunk by chunk as the engine decodes (api/openai_live.py)
+    if spec.stream and not spec.logprobs:  # chunk by chunk as the engine decodes (api/openai/live.py)
         return _live(live_sse(request, who, spec, weights_id, text, body.model, prompts, limits, chat=False))
     results = await sample(request, who, spec, weights_id, prompts, limits)
     picked = await asyncio.to_thread(render.choices, text, spec, results)
@@ -185,7 +185,7 @@ async def model(request: Request) -> Response:
 
 
 for _prefix in PREFIXES:
-    # The routes parse their own bodies (for OpenAI-shaped errors); openai_responses.py says what they take and answer.
+    # The routes parse their own bodies (for OpenAI-shaped errors); openai/responses.py says what they take and answer.
     router.add_api_route(f"{_prefix}/completions", completions, methods=["POST"], response_model=None,
                          **documented.COMPLETIONS)
     router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"], response_model=None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skyrl_tx.api.openai_errors import invalid, unsupported
+from skyrl_tx.api.openai.errors import invalid, unsupported
 from skyrl_tx.api.validation import INT64_MAX
 
 MAX_N = 128  # choices per prompt: each is a sequence of the engine's continuous batch

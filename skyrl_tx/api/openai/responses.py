@@ -1,5 +1,5 @@
 """What /openapi.json says the OpenAI-compatible routes take and answer (the routes build their JSON themselves,
-api/openai_render.py): request bodies, completions, model lists, the streamed media type, OpenAI-shaped errors."""
+api/openai/render.py): request bodies, completions, model lists, the streamed media type, OpenAI-shaped errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from skyrl_tx.api.openai_schemas import ChatBody, CompletionBody
+from skyrl_tx.api.openai.schemas import ChatBody, CompletionBody
 from skyrl_tx.api.responses import errors
 
 FiniteFloat = float | Literal["NaN", "Infinity", "-Infinity"]

@@ -16,7 +16,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from skyrl_tx.api.openai_errors import invalid
+from skyrl_tx.api.openai.errors import invalid
 from skyrl_tx.models.hf_config import load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from skyrl_tx.api.openai_schemas import SamplingSpec
-from skyrl_tx.api.openai_text import ModelText, cut_completion, text_deltas
+from skyrl_tx.api.openai.schemas import SamplingSpec
+from skyrl_tx.api.openai.text import ModelText, cut_completion, text_deltas
 from skyrl_tx.finite_json import finite_json
 
 

@@ -4,7 +4,7 @@ then the rest of each choice's text, its finish_reason and (when asked) usage, a
 Text is sent only once it is final: the newest token of a choice is held back (it may be a stop token whose text is
 cut), and so are the last (longest stop string - 1) characters (they may begin a stop string) and a trailing partial
 UTF-8 character. So the chunks join to exactly the non-streamed text. With `logprobs` the stream is built from the
-finished result instead (openai_render.completion_chunks / chat_chunks): the decode steps report tokens, not logprobs.
+finished result instead (render.completion_chunks / chat_chunks): the decode steps report tokens, not logprobs.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 from fastapi import Request
 
-from skyrl_tx.api import openai_render as render
-from skyrl_tx.api.openai_errors import OpenAIError, error_body, from_skyrl
-from skyrl_tx.api.openai_sampling import stream_sample
-from skyrl_tx.api.openai_schemas import SamplingSpec
-from skyrl_tx.api.openai_text import ModelText
+from skyrl_tx.api.openai import render
+from skyrl_tx.api.openai.errors import OpenAIError, error_body, from_skyrl
+from skyrl_tx.api.openai.sampling import stream_sample
+from skyrl_tx.api.openai.schemas import SamplingSpec
+from skyrl_tx.api.openai.text import ModelText
 from skyrl_tx.api.principal import Principal
 from skyrl_tx.errors import SkyrlTxError
 from skyrl_tx.finite_json import finite_json

@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import Request
 from sqlalchemy import select
 
-from skyrl_tx.api.openai_errors import OpenAIError, from_future_error, from_skyrl
-from skyrl_tx.api.openai_schemas import SamplingSpec
+from skyrl_tx.api.openai.errors import OpenAIError, from_future_error, from_skyrl
+from skyrl_tx.api.openai.schemas import SamplingSpec
 from skyrl_tx.api.ownership import check_inflight, readable_checkpoint
 from skyrl_tx.api.principal import Principal
 from skyrl_tx.api.submit import submit_future
