@@ -46,9 +46,13 @@ class EngineSettings:
         return cls(**raw)
 
     def configure_threads(self) -> ThreadChoice:
-        """Sizes this process's thread pools to the cores it owns and logs the choice (engine/threads.py)."""
+        """Sizes this process's thread pools to its share of the cores it owns and logs the choice
+        (engine/threads.py): one share per compute process of its node (its ranks and sampler engines, which
+        inherit that count and take one share each)."""
+        from skyrl_tx.parallel.layout import engine_node_processes
+
         backend = BackendSettings.from_dict(self.backend)
-        return configure_threads(backend.device, backend.num_threads)
+        return configure_threads(backend.device, backend.num_threads, local_ranks=engine_node_processes(backend))
 
     def run(self, stop: threading.Event, wake: threading.Event, notify: Notify,
             on_ready: Callable[[], None]) -> None:

@@ -13,6 +13,11 @@ honours it as a spin count of 0; KMP_BLOCKTIME=0 does the same for Intel/LLVM Op
 already says how to wait (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME). OpenMP reads those when its library
 loads, so they are set before torch is imported; the counts are also applied through torch afterwards.
 SKYRL_TX_THREADS=torch leaves everything to torch's defaults (the old behaviour, for benchmarks).
+
+Every compute process applies this policy itself, first thing (the engine; its data-parallel ranks and sampler
+engines, parallel/child_start.py; `skyrl-tx worker`'s ranks): the process that plans a node's processes (the
+engine, `skyrl-tx worker`) records how many there are in SKYRL_TX_NODE_COMPUTE_PROCESSES, which each of them
+inherits, so N processes take one share each instead of N x (cores - 1) threads between them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ POLICY_ENV = "SKYRL_TX_THREADS"  # "torch": keep torch's defaults (benchmark bas
 # must not take it for a user's explicit setting (it chooses its own share, given local_ranks).
 CHOSEN_ENV = "SKYRL_TX_CHOSEN_NUM_THREADS"
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+# How many compute processes share this node's cores (the local_ranks of every one of them): set by the process that
+# starts them, inherited by each.
+NODE_PROCESSES_ENV = "SKYRL_TX_NODE_COMPUTE_PROCESSES"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,12 +84,15 @@ def wait_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | None = None,
-                   environ: Mapping[str, str] | None = None, local_ranks: int = 1,
+                   environ: Mapping[str, str] | None = None, local_ranks: int | None = None,
                    reserved_cores: int = API_CORES) -> ThreadChoice:
-    """The thread counts for one compute process on `device` (see the module docstring for the order)."""
+    """The thread counts for one compute process on `device` (see the module docstring for the order), one of
+    `local_ranks` compute processes on this node (None: the count its parent recorded, else 1)."""
     environ = os.environ if environ is None else environ
     if environ.get(POLICY_ENV, "").strip().lower() == "torch":
         return ThreadChoice(None, None, "torch", f"{POLICY_ENV}=torch", {})
+    if local_ranks is None:
+        local_ranks = _positive_int(environ.get(NODE_PROCESSES_ENV)) or 1
     cores = affinity_cores() if cores is None else cores
     inherited = environ.get(CHOSEN_ENV)
     explicit = _positive_int(environ.get("OMP_NUM_THREADS"))
@@ -93,7 +104,7 @@ def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | No
         intra, source, reason = num_threads, "num_threads", "backend config"
     else:
         share = max(1, (cores - reserved_cores) // max(1, local_ranks))
-        per_rank = f", split between {local_ranks} local ranks" if local_ranks > 1 else ""
+        per_rank = f", split between {local_ranks} compute processes on this node" if local_ranks > 1 else ""
         if device == "cpu":
             intra = share
             reason = f"{cores} cores in the affinity mask, {reserved_cores} kept for the API{per_rank}"
@@ -101,7 +112,7 @@ def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | No
             intra = min(GPU_THREADS, share)
             reason = f"device {device}: at most {GPU_THREADS} host threads ({cores} cores in the affinity mask)"
         source = "default"
-    env = {"OMP_NUM_THREADS": str(intra), **wait_env(environ)}
+    env = {"OMP_NUM_THREADS": str(intra), NODE_PROCESSES_ENV: str(local_ranks), **wait_env(environ)}
     if source != "OMP_NUM_THREADS":  # the user's own setting stays explicit for every process started later
         env[CHOSEN_ENV] = str(intra)
     if "MKL_NUM_THREADS" not in environ or environ.get("MKL_NUM_THREADS") == inherited:
@@ -113,10 +124,11 @@ def choose_threads(device: str = "cpu", num_threads: int = 0, *, cores: int | No
 _applied: ThreadChoice | None = None
 
 
-def configure_threads(device: str = "cpu", num_threads: int = 0, *, local_ranks: int = 1,
+def configure_threads(device: str = "cpu", num_threads: int = 0, *, local_ranks: int | None = None,
                       environ: MutableMapping[str, str] | None = None) -> ThreadChoice:
     """Chooses and applies the thread counts of this process (once: later calls return the first choice), and
-    logs them. Call it before torch is imported so the wait policy reaches OpenMP; later, only the counts do."""
+    logs them with its pid. Call it before torch is imported so the wait policy reaches OpenMP; later, only the
+    counts do. local_ranks: see choose_threads; what it comes to is exported for the processes started later."""
     global _applied
     if _applied is not None:
         return _applied
@@ -134,7 +146,13 @@ def configure_threads(device: str = "cpu", num_threads: int = 0, *, local_ranks:
             pass
     late = "; torch was loaded before this call, so the wait policy did not reach OpenMP" \
         if torch_was_loaded and choice.env else ""
-    log.info("%s -> torch runs %d intra-op / %d inter-op threads%s", choice.describe(), torch.get_num_threads(),
-             torch.get_num_interop_threads(), late)
+    log.info("%s -> torch runs %d intra-op / %d inter-op threads (pid %d)%s", choice.describe(),
+             torch.get_num_threads(), torch.get_num_interop_threads(), os.getpid(), late)
     _applied = choice
     return choice
+
+
+def share_node_cores(processes: int, environ: MutableMapping[str, str] | None = None) -> None:
+    """Records that `processes` compute processes share this node's cores, for the processes started afterwards (a
+    node process that itself computes nothing: `skyrl-tx worker`)."""
+    (os.environ if environ is None else environ)[NODE_PROCESSES_ENV] = str(max(1, processes))

@@ -21,12 +21,10 @@ them, not only rank 0's: every rank then keeps the same state, and there is one 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
 import logging
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -100,15 +98,13 @@ def _join_rank(model_dir: str, settings: dict[str, Any], layout: RankLayout, ran
 
 def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str) -> None:
     """A worker rank: joins the group, loads its part of the model, then runs what rank 0 sends until told to stop."""
-    try:  # dies with the engine process, even a kill -9 of it (the supervisor then restarts the whole group)
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    from skyrl_tx.parallel.child_start import start_child_process
+
+    start_child_process(f"rank {rank}", settings)  # first: before torch loads
     layout = RankLayout(world, 1, address, int(settings.get("tensor_parallel_size", 1)))
     try:
         channel = _join_rank(model_dir, settings, layout, rank)
     except InvalidArgumentError as exc:  # a configuration that cannot work: do not rejoin (exit code 2)
-        logging.basicConfig(level=logging.INFO)
         log.error("rank %d: %s", rank, exc.message)
         _end_rank(2)
     channel.serve()
@@ -268,10 +264,13 @@ def run_node_process(model_dir: Path, settings: BackendSettings, process_id: int
     on a configuration error (the ranks report it), else runs until interrupted."""
     import time
 
+    from skyrl_tx.engine.threads import share_node_cores
+
     layout = RankLayout.from_settings(settings)
     ranks = layout.ranks_of(process_id)
     if process_id == 0:
         raise InvalidArgumentError("process id 0 is the engine's node: start the server there, workers elsewhere")
+    share_node_cores(len(ranks))  # this node's ranks split its cores (this process only supervises them)
     while True:
         procs = layout.spawn(str(model_dir), settings, ranks, _worker_main)
         log.info("node process %d: ranks %s joining %s (pids %s)", process_id, list(ranks),

@@ -15,9 +15,7 @@ one.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,9 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
     """A sampler engine: loads the base model, joins the sync group (its ranks rank, rank + 1, ... of `world`: one
     per tensor-parallel rank; NCCL on their own devices when sync_on_cuda, else Gloo), then serves commands until
     told to stop."""
-    try:  # dies with the engine process, even a kill -9 of it
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    from skyrl_tx.parallel.child_start import start_child_process
+
+    start_child_process(f"sampler engine rank {rank}", settings)  # first: before torch loads (dies with the engine)
     from skyrl_tx.backend.model_backend import make_model_backend
     from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S
 

@@ -67,6 +67,22 @@ def test_a_child_of_an_engine_chooses_its_own_share_but_a_user_setting_still_win
     assert (grandchild.intra_op, grandchild.source) == (2, "OMP_NUM_THREADS")
 
 
+def test_every_compute_process_of_a_node_takes_one_share() -> None:
+    """The engine counts its node's compute processes (trainer ranks, sampler engine ranks) and records the count;
+    a rank or sampler engine it starts inherits it and takes the same share, not its parent's whole count."""
+    from skyrl_tx.parallel.layout import engine_node_processes
+
+    settings = BackendSettings.from_dict({"fully_sharded_data_parallel_size": 2, "colocate_all": False,
+                                          "num_inference_engines": 2, "inference_engine_tensor_parallel_size": 2})
+    assert engine_node_processes(settings) == 2 + 2 * 2
+    assert engine_node_processes(BackendSettings(num_inference_engines=2)) == 1  # colocated: sampling in the engine
+    engine = choose_threads("cpu", cores=25, environ={}, local_ranks=engine_node_processes(settings))
+    child = choose_threads("cpu", cores=25, environ={**engine.env})  # what a spawned rank sees
+    assert (engine.intra_op, child.intra_op, child.source) == (4, 4, "default")
+    assert "split between 6 compute processes" in child.reason
+    assert choose_threads("cpu", cores=25, environ={}).intra_op == 24  # a process alone on the node
+
+
 def test_waiting_threads_sleep_unless_the_environment_says_otherwise() -> None:
     assert choose_threads("cpu", cores=4, environ={}).env["OMP_WAIT_POLICY"] == "PASSIVE"
     for key, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "10000"), ("KMP_BLOCKTIME", "5")):
@@ -117,7 +133,7 @@ def threads_line(log: str) -> str:
 @pytest.fixture()
 def clean_env(preset_cache: Path) -> dict[str, str]:
     drop = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-            "SKYRL_TX_THREADS", "SKYRL_TX_CHOSEN_NUM_THREADS")
+            "SKYRL_TX_THREADS", "SKYRL_TX_CHOSEN_NUM_THREADS", "SKYRL_TX_NODE_COMPUTE_PROCESSES")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "SKYRL_TX_CACHE_DIR": str(preset_cache)}
 
 

@@ -2,11 +2,13 @@
 processes, kept current by weight syncs over c10d (Gloo), and gives what a colocated server gives (greedy and
 seeded tokens, their logprobs to 1e-6): two LoRA tenants and a full fine-tune, three versions each, where every
 version's sampling client, asked again after later versions were synced, still samples its own version; also beside
-a data-parallel trainer."""
+a data-parallel trainer. Every process that computes (the engine, its ranks, the sampler engines and theirs) sizes its
+torch thread pools to its share of the cores."""
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -16,6 +18,10 @@ from live_server import live_server
 DISAGGREGATED = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "max_full_models": 1,
                  "inference_engine_devices": ["cpu", "cpu"]}
 COLOCATED = {"max_full_models": 1}
+# The thread policy decides in every server process here, as it does for a user who sets nothing (the test runner's
+# OMP_NUM_THREADS would be an explicit count every process keeps; an empty one is not).
+POLICY_ENV = {"OMP_NUM_THREADS": ""}
+THREADS_LINE = re.compile(r"torch runs (\d+) intra-op / (\d+) inter-op threads \(pid (\d+)\)")
 VERSIONS = 3
 PROMPT = [5, 17, 3, 250, 41, 9]
 
@@ -72,8 +78,27 @@ def trainer_layout(request) -> str:
 def colocated(preset_cache, trainer_layout: str) -> dict[str, Any]:
     """The reference: a colocated server with the same trainer layout (parallel training sums gradients in another
     order than one process: its weights agree to 1e-5, not bit for bit)."""
-    with live_server(backend_config={**COLOCATED, **TRAINER_LAYOUTS[trainer_layout]}) as url:
+    with live_server(backend_config={**COLOCATED, **TRAINER_LAYOUTS[trainer_layout]}, env=POLICY_ENV) as url:
         return _run(url)
+
+
+def _assert_each_process_takes_its_share_of_the_cores(url, engine_pid: int, tree: list[int]) -> None:
+    """The engine and every process spawned below it report the threads torch runs in them (their log line, with
+    their pid): an equal share of the cores less the API's, so together they do not oversubscribe the machine.
+    Before, only the engine chose; each child kept its count, N processes running N x (cores - 1) threads."""
+    def spawned(pid: int) -> bool:  # a rank or sampler engine, not multiprocessing's resource tracker
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return b"spawn_main" in f.read()
+        except OSError:
+            return False
+
+    computing = [pid for pid in tree if pid == engine_pid or spawned(pid)]
+    log = url.log_tail(4000)
+    reported = {int(m[3]): (int(m[1]), int(m[2])) for m in THREADS_LINE.finditer(log)}
+    share = max(1, (len(os.sched_getaffinity(0)) - 1) // len(computing))
+    assert {pid: reported.get(pid) for pid in computing} == {pid: (share, 1) for pid in computing}, \
+        [line for line in log.splitlines() if "torch runs" in line]
 
 
 def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, colocated, trainer_layout: str) -> None:
@@ -84,8 +109,9 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
     from skyrl_tx.bench.api import _engine_pid
 
     config = {**DISAGGREGATED, **TRAINER_LAYOUTS[trainer_layout]}
-    with live_server(backend_config=config) as url:
+    with live_server(backend_config=config, env=POLICY_ENV) as url:
         engine_group = process_tree(_engine_pid(url))  # the engine, its sampler engines and their ranks
+        _assert_each_process_takes_its_share_of_the_cores(url, _engine_pid(url), engine_group)
         assert "sampling on 2 sampler engine(s)" in url.log_tail(), url.log_tail()
         engine_ranks = 2 if trainer_layout == "tensor-parallel-sampler-engines" else 1
         assert f"of {engine_ranks} tensor-parallel rank(s) each" in url.log_tail(), url.log_tail()
