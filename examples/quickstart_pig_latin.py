@@ -1,5 +1,6 @@
-"""The Tinker README's Pig Latin quickstart, unchanged but for the base model (and an optional SEED for the LoRA
-initialisation, which tests set so that a run is reproducible): SFT with LoRA, then sampling.
+"""The Tinker README's Pig Latin quickstart, unchanged but for the base model, `ready()` (SDK 0.38 returns a future
+of each new client; tinker 0.25 returned the client) and an optional SEED for the LoRA
+initialisation, which tests set so that a run is reproducible: SFT with LoRA, then sampling.
 
 Run a server first (`uv run -m skyrl_tx.api --base-model tiny-qwen3`), then:
     TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python examples/quickstart_pig_latin.py
@@ -18,8 +19,15 @@ STEPS = int(os.environ.get("STEPS", "6"))
 LEARNING_RATE = float(os.environ.get("LEARNING_RATE", "1e-4"))
 SEED = int(os.environ["SEED"]) if "SEED" in os.environ else None
 
+
+def ready(client_or_future):
+    """SDK 0.38 returns a future of each new client (.result() gives the client; using the future as the client
+    is deprecated); tinker 0.25, which other open servers pin, returned the client itself."""
+    return client_or_future.result() if isinstance(client_or_future, tinker.APIFuture) else client_or_future
+
+
 service_client = tinker.ServiceClient()
-training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=SEED)
+training_client = ready(service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=SEED))
 tokenizer = training_client.get_tokenizer()
 
 examples = [
@@ -54,7 +62,7 @@ for step in range(STEPS):
     weights = np.concatenate([d.loss_fn_inputs["weights"].tolist() for d in processed])
     print(f"step {step}: loss per token {-np.dot(logprobs, weights) / weights.sum():.4f}")
 
-sampling_client = training_client.save_weights_and_get_sampling_client(name="pig-latin-model")
+sampling_client = ready(training_client.save_weights_and_get_sampling_client(name="pig-latin-model"))
 prompt = types.ModelInput.from_ints(tokenizer.encode("English: coffee break\nPig Latin:"))
 params = types.SamplingParams(max_tokens=20, temperature=0.0, stop=["\n"])
 result = sampling_client.sample(prompt=prompt, sampling_params=params, num_samples=8).result()

@@ -46,6 +46,12 @@ def service_session():
         yield service_client
 
 
+def ready(client_or_future):
+    """SDK 0.38 returns a future of each new client (.result() gives the client; using the future as the client
+    is deprecated); tinker 0.25 returned the client itself."""
+    return client_or_future.result() if isinstance(client_or_future, tinker.APIFuture) else client_or_future
+
+
 def greedy_completions(sampling_client, tokenizer) -> dict[str, str]:
     futures = {en: sampling_client.sample(types.ModelInput.from_ints(prompt_tokens(tokenizer, en)), 1, PARAMS)
                for en, _ in PAIRS}
@@ -55,7 +61,7 @@ def greedy_completions(sampling_client, tokenizer) -> dict[str, str]:
 def sample_only(model_path: str, tokenizer_name: str | None) -> None:
     """The second process: nothing but the checkpoint path (and where its tokenizer lives)."""
     with service_session() as service_client:
-        sampling_client = service_client.create_sampling_client(model_path=model_path)
+        sampling_client = ready(service_client.create_sampling_client(model_path=model_path))
         if tokenizer_name:
             from transformers import AutoTokenizer
 
@@ -67,7 +73,7 @@ def sample_only(model_path: str, tokenizer_name: str | None) -> None:
 
 def train_save_and_resample() -> None:
     with service_session() as service_client:
-        training_client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0)
+        training_client = ready(service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0))
         tokenizer = training_client.get_tokenizer()
         data = []
         for english, pig_latin in PAIRS:
@@ -84,9 +90,9 @@ def train_save_and_resample() -> None:
 
         model_path = training_client.save_weights_for_sampler(name="pig-latin-final").result().path
         print(f"saved sampler checkpoint: {model_path}", flush=True)
-        here = greedy_completions(training_client.create_sampling_client(model_path), tokenizer)
+        here = greedy_completions(ready(training_client.create_sampling_client(model_path)), tokenizer)
         print(f"this process:  {json.dumps(here)}", flush=True)
-        base = greedy_completions(service_client.create_sampling_client(base_model=BASE_MODEL), tokenizer)
+        base = greedy_completions(ready(service_client.create_sampling_client(base_model=BASE_MODEL)), tokenizer)
         print(f"base model:    {json.dumps(base)}", flush=True)
 
         # A brand-new process (and SDK session) that knows only the path.
