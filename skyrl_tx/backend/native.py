@@ -88,7 +88,7 @@ class NativeBackend:
         self._core = load_extension().Backend(
             _native_model_config(self.decoder_config),
             _native_backend_config(self.settings),
-            load_weights(self.model_dir),
+            load_weights(self.model_dir, dtype=getattr(torch, self.settings.dtype)),  # FP8 dequantised to it
             tensor_parallel,
             expert_parallel,
         )

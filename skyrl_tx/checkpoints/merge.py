@@ -26,6 +26,8 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> lis
     factors = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
     weights = load_weights(base_model_dir)
     model_config = json.loads((base_model_dir / "config.json").read_text())
+    # An FP8 base (DeepSeek V3 as published) was dequantised by load_weights: the merged copy is not quantised.
+    model_config.pop("quantization_config", None)
     merged = []
     for a_name in sorted(k for k in factors if k.endswith(".lora_A.weight")):
         module = a_name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")

@@ -82,7 +82,8 @@ def test_deepseek_v3_hub_config() -> None:
     assert native.mlp_layout() == ["dense", "moe", "moe"]
 
 
-def test_multi_token_prediction_layers_are_left_out_and_quantized_checkpoints_refused(tmp_path) -> None:
+def test_multi_token_prediction_layers_are_left_out_and_unknown_quantization_refused(tmp_path) -> None:
+    """(FP8 checkpoints that load: tests/models/test_fp8_checkpoint.py.)"""
     import json
 
     import torch
@@ -94,6 +95,6 @@ def test_multi_token_prediction_layers_are_left_out_and_quantized_checkpoints_re
     save_file({"model.layers.2.x": torch.zeros(1), "model.layers.3.x": torch.zeros(1), "lm_head.weight": torch.zeros(1)},
               str(tmp_path / "model.safetensors"))
     assert sorted(load_weights(tmp_path)) == ["lm_head.weight", "model.layers.2.x"]
-    (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_HUB, "quantization_config": {"quant_method": "fp8"}}))
-    with pytest.raises(UnimplementedError, match="fp8"):
+    (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_HUB, "quantization_config": {"quant_method": "gptq"}}))
+    with pytest.raises(UnimplementedError, match="quant_method = 'gptq' is not supported"):
         load_weights(tmp_path)
