@@ -71,6 +71,14 @@ if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
   cmake --build build/cpu-only --target _C
 fi
 
+step "docs (mkdocs build --strict)"
+# The docs site (mkdocs.yml, docs/): a broken link or anchor, or a page missing from the nav, fails the run. The
+# packages are pinned as in the `test` extra; the site is built outside the checkout and removed.
+"$PY" -m pip install -q "mkdocs==1.6.1" "mkdocs-material==9.8.2"
+DOCS_SITE=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict -f "$ROOT/mkdocs.yml" -d "$DOCS_SITE"
+rm -rf "$DOCS_SITE"
+
 step "pytest"
 # One intra-op thread per process: the API tests run a server process beside the test process, and
 # OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
