@@ -3,12 +3,14 @@ tails in failure reports; the test process's exit without interpreter finalizati
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# The process ends with pytest's exit status once the summary is printed, before interpreter finalization (which the
+# SDK transport's threads can abort): tests/support/exit_status.py says why.
+from exit_status import pytest_sessionfinish  # noqa: F401  (a hook: pytest finds it in this module)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,26 +34,6 @@ def pytest_runtest_makereport(item: pytest.Item) -> object:
     for name, value in getattr(item, "funcargs", {}).items():
         if callable(getattr(value, "log_tail", None)):
             report.sections.append((f"skyrl_tx server log ({name}: {value}), tail", value.log_tail()))
-
-
-_SESSION_EXIT_STATUS: list[int] = []
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _SESSION_EXIT_STATUS.append(int(session.exitstatus))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Every result is decided and reported by now. The tests run the tinker SDK in this process too, and its
-    transport's threads can abort CPython 3.11's finalization (tests/support/client_scripts.py says how), which
-    turned one all-passed CI run into a failure: the process ends here with pytest's own status instead."""
-    if not _SESSION_EXIT_STATUS:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_SESSION_EXIT_STATUS[-1])
 
 
 @pytest.fixture(scope="session")
