@@ -53,17 +53,15 @@ BACKEND_CONFIG_DOCS: dict[str, tuple[str, str, str]] = {
                                "([Packed training sequences](../training-and-sampling.md#packed-training-sequences)); "
                                "false: one right-padded row per sequence"),
     "max_sampling_sequences": ("Sampling and the KV cache", "all",
-                               "sequences decoding at once (KV cache rows; seed key `sample_max_num_sequences`); "
-                               "more requests wait their turn"),
+                               "sequences decoding at once (KV cache rows); more requests wait their turn"),
     "max_sampling_length": ("Sampling and the KV cache", "all", "prompt + completion tokens per sampled sequence"),
     "kv_cache_tokens": ("Sampling and the KV cache", "all",
                         "the KV cache by a token budget instead: `kv_cache_tokens // max_sampling_length` rows (any "
                         "device; give this or `max_sampling_sequences`)"),
     "gpu_memory_utilization": ("Sampling and the KV cache", "GPU",
                                "on a GPU, the KV cache by memory instead: the rows that fit in this fraction of the "
-                               "device's memory once the weights (and anything else on it) are counted, as in vLLM "
-                               "(seed key `generator.inference_engine.gpu_memory_utilization`). Each KV cache of an "
-                               "engine (the base model's; each full fine-tune's) gets these rows"),
+                               "device's memory once the weights (and anything else on it) are counted, as in vLLM. "
+                               "Each KV cache of an engine (the base model's; each full fine-tune's) gets these rows"),
     "max_logprobs_k": ("Sampling and the KV cache", "all",
                        "largest k of top-k logprobs (prompt or sampled positions) and alternative draws a sample may "
                        "ask"),
@@ -94,16 +92,16 @@ BACKEND_CONFIG_DOCS: dict[str, tuple[str, str, str]] = {
                                       "optimizer state are written in the background, so a restart replays only the "
                                       "requests after it; 0 = never"),
     "recovery_snapshot_every_s": ("Engine", "all",
-                                  "the time-based trigger of recovery snapshots: a model that stepped since its last "
-                                  "snapshot gets one after this many seconds"),
+                                  "after an optim step, a recovery snapshot is also taken when this many seconds "
+                                  "have passed since the model's last one (sooner than "
+                                  "`recovery_snapshot_every_steps` steps)"),
     "futures_retention_hours": ("Engine", "all",
                                 "finished requests older than this are pruned (never what recovery still needs); "
                                 "must exceed any client's retry horizon"),
     "fully_sharded_data_parallel_size": ("Parallel layouts", "data parallel",
                                          "data-parallel ranks, one process each ([Data parallelism]"
                                          "(../scaling.md#data-parallelism)); a full fine-tune's gradients and AdamW "
-                                         "moments are sharded over them (ZeRO-2); seed key "
-                                         "`trainer.placement.policy_num_gpus_per_node`"),
+                                         "moments are sharded over them (ZeRO-2)"),
     "zero_bucket_mb": ("Parallel layouts", "data parallel",
                        "data parallel, full fine-tuning: float32 MB per reduce-scatter / all-gather bucket (all "
                        "ranks' parts together), which bounds the extra memory sharding needs"),
@@ -129,15 +127,12 @@ BACKEND_CONFIG_DOCS: dict[str, tuple[str, str, str]] = {
     "colocate_all": ("Sampler engines", "sampler engines",
                      "sample inside the training engine; false: on `num_inference_engines` sampler engine processes "
                      "kept current by weight syncs ([Sampler engines](../scaling.md#sampler-engines-on-their-own-"
-                     "devices-disaggregated-placement)); seed keys `trainer.placement.colocate_all`, "
-                     "`generator.colocate_all`"),
+                     "devices-disaggregated-placement))"),
     "num_inference_engines": ("Sampler engines", "sampler engines",
-                              "sampler engines when `colocate_all` is false (seed key "
-                              "`generator.inference_engine.num_engines`)"),
+                              "sampler engines when `colocate_all` is false"),
     "inference_engine_tensor_parallel_size": ("Sampler engines", "sampler engines",
-                                              "devices per sampler engine (seed key "
-                                              "`generator.inference_engine.tensor_parallel_size`): each engine is "
-                                              "that many tensor-parallel ranks"),
+                                              "devices per sampler engine: each engine is that many "
+                                              "tensor-parallel ranks"),
     "inference_engine_devices": ("Sampler engines", "sampler engines",
                                  "each sampler engine's first device, e.g. `[\"cuda:4\", \"cuda:6\"]` (an engine of T "
                                  "ranks takes T from there); empty: the devices after the trainer's"),
@@ -203,7 +198,8 @@ def backend_config_page() -> str:
         out.append(f"\n## {section}\n\n| key | type | default | layouts | meaning |\n|---|---|---|---|---|\n")
         for field in members:
             _, layouts, meaning = BACKEND_CONFIG_DOCS[field.name]
-            seed = "; also " + ", ".join(f"`{s}`" for s in aliases[field.name]) if field.name in aliases else ""
+            seed = ("; seed key" + ("s " if len(aliases[field.name]) > 1 else " ")
+                    + ", ".join(f"`{s}`" for s in aliases[field.name]) if field.name in aliases else "")
             out.append(f"| `{field.name}` | {_type_name(field)} | {_json_default(getattr(defaults, field.name))} | "
                        f"{_cell(layouts)} | {_cell(meaning + seed)} |\n")
     return "".join(out)
