@@ -14,7 +14,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Engine, event
 
+from skyrl_tx.api.errors import error_response
 from skyrl_tx.api.http_metrics import HttpMetrics
+from skyrl_tx.api.key_metrics import KeyMetrics
+from skyrl_tx.api.principal import caller_of
 from skyrl_tx.api.request_ids import RequestContext, install_log_context
 from skyrl_tx.db.future_queries import QUEUE_DEPTH, FutureOutcome, Notify
 from skyrl_tx.db.models import REQUEST_TYPES, FutureStatus
@@ -62,6 +65,8 @@ class Metrics:
         r = self.registry
         self.http = HttpMetrics(LATENCY_BUCKETS)  # per request: plain dicts, not prometheus_client's locks
         r.register(self.http)
+        self.keys = KeyMetrics(database)  # per API key: finished requests by outcome, tokens (api/key_metrics.py)
+        r.register(self.keys)
         self.requests = Counter("skyrl_tx_requests", "Requests (futures) the engine finished, by request type and "
                                 "outcome (ok, user_error, server_error)", ["type", "outcome"], registry=r)
         self.latency = Histogram("skyrl_tx_request_latency_seconds", "Seconds of a request the engine finished: "
@@ -105,6 +110,8 @@ class Metrics:
             self.database_errors.labels("api").inc()
 
     def observe_outcomes(self, outcomes: Iterable[FutureOutcome]) -> None:
+        outcomes = list(outcomes)
+        self.keys.observe(outcomes, outcome_label)
         for o in outcomes:
             self.requests.labels(o.request_type, outcome_label(o)).inc()
             if o.queue_s is not None and o.engine_s is not None:
@@ -151,6 +158,11 @@ class Metrics:
         install_log_context()
 
         async def metrics(request: Request) -> Response:
+            who = caller_of(request)
+            if who is not None and not who.admin:  # with --auth keys: every key's numbers are the operator's to read
+                return error_response(403, "permission_denied", f"metrics: API key {who.name!r} is not an admin key; "
+                                      "only an admin key may read /metrics (an operator makes one with `skyrl-tx keys "
+                                      "create --name NAME --admin`)")
             body = await asyncio.to_thread(generate_latest, self.registry)  # the queue depth reads the database
             return Response(body, media_type=CONTENT_TYPE_LATEST)
 

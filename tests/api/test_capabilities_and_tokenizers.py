@@ -1,7 +1,8 @@
 """get_server_capabilities and the SDK's get_tokenizer() through the real SDK against a live server: every name of
 the base model (aliases, and its directory) is listed trainable and sampleable with the context every request gets;
 TrainingClient.get_tokenizer() loads from the directory get_info reports; SamplingClient.get_tokenizer() loads by
-the base model's name, which works offline when that name is the model directory (presets and local directories)."""
+the base model's name, which works offline when that name is the model directory (presets and local directories).
+Without API keys, whoami (`tinker auth login`'s check) names the one local owner, who lists every session."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tinker
 from live_server import live_server
@@ -89,3 +91,18 @@ def test_sampling_client_of_a_local_model_directory_loads_its_tokenizer(preset_d
             assert [m.model_name for m in capabilities(url)] == [str(local)]
             sampler = service_client.create_sampling_client(base_model=str(local)).result()
             assert encodes_like(sampler.get_tokenizer(), local)
+
+
+def test_without_keys_whoami_is_the_local_owner_of_every_session(tinker_env: str, service_client: Any) -> None:
+    from tinker.cli.auth_api import TinkerAuthApi
+
+    with httpx.Client(timeout=60) as http:
+        me = TinkerAuthApi(http, base_url=tinker_env).get_self_api_key("tml-anything")
+        assert me.name == "local" and me.key_id == 0 and "--auth none" in me.note
+        logout = http.delete(f"{tinker_env}/api/v1/auth/apikey/me", headers={"X-API-Key": "tml-anything"})
+        assert logout.status_code == 400 and "no key to delete" in logout.json()["message"]
+    rest = tinker.RestClient()  # TINKER_BASE_URL from tinker_env
+    session_id = service_client.holder.get_session_id()
+    assert session_id in rest.list_sessions(limit=1000).result().sessions
+    got = rest.get_session(session_id).result()
+    assert all(run.startswith(f"{session_id}:") for run in got.training_run_ids + got.sampler_ids)

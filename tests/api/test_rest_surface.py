@@ -252,3 +252,23 @@ def test_trace_export_is_a_clear_400_not_retried(server_url: ServerUrl, alice) -
     assert status_of(lambda: rest(server_url, "alice").export_session_trace(alice["session_id"]).result()) == 400
     assert trace_exports_answered(server_url) - before == 1  # sent once: the SDK retries a 5xx (for minutes)
     assert status_of(lambda: rest(server_url, "bob").export_session_trace(alice["session_id"]).result()) == 404
+
+
+def test_metrics_are_for_admin_keys_and_count_per_key_id(server_url: ServerUrl, alice) -> None:
+    with raw(server_url, "alice") as http:
+        refused = http.get("/metrics")
+        assert refused.status_code == 403 and "admin" in refused.json()["message"]
+        alice_id = http.get("/api/v1/auth/apikey/me").json()["id"]
+    with raw(server_url, "root") as http:
+        text = http.get("/metrics").text
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def total(name: str, **labels: str) -> float:
+        return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+    assert total("skyrl_tx_key_tokens_total", key_id=alice_id, kind="trained") == len(TOKENS) - 1
+    assert total("skyrl_tx_key_tokens_total", key_id=alice_id, kind="prefilled") == 2
+    assert total("skyrl_tx_key_tokens_total", key_id=alice_id, kind="sampled") == alice["sampled"]
+    assert total("skyrl_tx_key_requests_total", key_id=alice_id, type="forward_backward", outcome="ok") == 1
+    assert total("skyrl_tx_key_requests_total", key_id=alice_id, type="sample", outcome="ok") == 1
+    assert not any(server_url.keys[name] in text for name in KEYS)  # no secret anywhere

@@ -180,6 +180,7 @@ async def asample(body: SampleBody, request: Request, who: CallerDep) -> SampleF
         future_id = submit_future(request, db, future_id=f"{body.sampling_session_id}:{body.seq_id}",
                                   request_type="sample", body=job, session_id=sampler.session_id,
                                   completion_queue=queue_of_sample(body.sampling_session_id, body.seq_id))
+        request.app.state.key_metrics.accepted(future_id, "prefilled", len(prompt_tokens))  # counted once it ran
         return SampleFuture(request_id=future_id,
                             sample_sequence_ids=[f"{future_id}:{i}" for i in range(body.num_samples)])
 

@@ -147,6 +147,8 @@ async def forward_backward(request: Request, who: CallerDep) -> ModelFuture:
         job = {"model_id": model_id, "loss_fn": decoded["loss_fn"], "loss_fn_config": decoded["loss_fn_config"]}
         future_id = submit_future(request, db, future_id=f"{model_id}:{seq_id}", request_type=kind, body=job,
                                   model_id=model_id, seq_id=seq_id, binary_body=decoded["body"])
+        tokens = sum(len(d["input_tokens"]) for d in decoded["data"])
+        request.app.state.key_metrics.accepted(future_id, "trained", tokens)  # counted once it ran (/metrics)
         return ModelFuture(request_id=future_id, model_id=model_id)
 
     return await in_db(request, store)

@@ -148,23 +148,28 @@ def billing_usage(starting_on: datetime, ending_before: datetime, request: Reque
 
 
 @router.get("/billing/usage/checkpoints/current", responses={**COMMON_ERRORS, **errors(400)})
-def checkpoint_storage(db: DbDep, who: CallerDep, project_id: str | None = None) -> CurrentCheckpointStorageUsageResponse:
+def checkpoint_storage(db: DbDep, who: CallerDep,
+                       project_id: str | None = None) -> CurrentCheckpointStorageUsageResponse:
     """Checkpoints stored now (ready: listed and not expired or deleted) and their bytes, per project and owner."""
-    project = func.coalesce(SessionRecord.project_id, DEFAULT_PROJECT)
-    query = (select(project, ModelRecord.owner_key_id, func.count(CheckpointRecord.id),
+    # Grouped by the raw columns: PostgreSQL cannot match a GROUP BY coalesce(project, $1) to the SELECT's $2.
+    query = (select(SessionRecord.project_id, ModelRecord.owner_key_id, func.count(CheckpointRecord.id),
                     func.coalesce(func.sum(CheckpointRecord.size_bytes), 0))
              .join(ModelRecord, ModelRecord.id == CheckpointRecord.model_id)
              .join(SessionRecord, SessionRecord.id == ModelRecord.session_id)
              .where(CheckpointRecord.status == CheckpointStatus.READY.value)
-             .group_by(project, ModelRecord.owner_key_id).order_by(project, ModelRecord.owner_key_id))
+             .group_by(SessionRecord.project_id, ModelRecord.owner_key_id))
     if project_id is not None:
-        query = query.where(project == project_id)
+        query = query.where(func.coalesce(SessionRecord.project_id, DEFAULT_PROJECT) == project_id)
     if not who.admin:
         query = query.where(ModelRecord.owner_key_id == who.key_id)
-    rows = db.execute(query).all()
-    names = _key_names(db, {r[1] for r in rows})
-    data = [{"project_id": proj, "org_user_urn": f"skyrl_tx:key:{owner or OWNER}", "user_name": names.get(owner, owner),
-             "user_email": None, "checkpoint_count": int(count), "size_bytes": int(size),
-             "size_gigabytes": int(size) / BYTES_PER_GB, "estimated_monthly_cost_usd": None}
-            for proj, owner, count, size in rows]
+    groups: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0])
+    for project, owner, count, size in db.execute(query):
+        totals = groups[(project or DEFAULT_PROJECT, owner)]  # no project and "default" are one project
+        totals[0] += int(count)
+        totals[1] += int(size)
+    names = _key_names(db, {owner for _, owner in groups})
+    data = [{"project_id": project, "org_user_urn": f"skyrl_tx:key:{owner or OWNER}",
+             "user_name": names.get(owner, owner), "user_email": None, "checkpoint_count": count, "size_bytes": size,
+             "size_gigabytes": size / BYTES_PER_GB, "estimated_monthly_cost_usd": None}
+            for (project, owner), (count, size) in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or ""))]
     return CurrentCheckpointStorageUsageResponse.model_validate({"data": data})
