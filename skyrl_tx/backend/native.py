@@ -139,12 +139,17 @@ class NativeBackend:
         targets = set(cfg.get("target_modules") or [])
         groups = {"attn": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"gate_proj", "up_proj", "down_proj"},
                   "unembed": {"lm_head"}}
+        # An MoE export names its MLPs as target_parameters (mlp.experts.gate_up_proj, mlp.gate_proj.weight, ...:
+        # checkpoints.formats._fused_expert_targets); its factors keep the per-expert module names.
+        mlp_parameters = [p for p in cfg.get("target_parameters") or []
+                          if set(p.split(".")) & (groups["mlp"] | {"gate_up_proj"})]
         for name, modules in groups.items():
             if targets & modules and not modules <= targets:
                 raise InvalidArgumentError(f"load adapter: target_modules {sorted(targets)} covers part of the {name} "
                                            f"group; skyrl_tx adapts all of {sorted(modules)} or none")
         slot = self.create_adapter(adapter_id, rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]), seed=seed,
-                                   train_attn=bool(targets & groups["attn"]), train_mlp=bool(targets & groups["mlp"]),
+                                   train_attn=bool(targets & groups["attn"]),
+                                   train_mlp=bool(targets & groups["mlp"] or mlp_parameters),
                                    train_unembed=bool(targets & groups["unembed"]))
         self.set_adapter_weights(adapter_id, load_file(str(adapter_dir / "adapter_model.safetensors")))
         return slot

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,11 +88,44 @@ def json_bytes(value: Any) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
 
 
-def peft_adapter_config(meta: ModelMeta) -> dict[str, Any]:
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": meta.base_model,
-            "r": meta.lora_rank, "lora_alpha": meta.lora_alpha, "lora_dropout": 0.0, "bias": "none",
-            "target_modules": meta.target_modules(), "fan_in_fan_out": False, "inference_mode": True,
-            "use_rslora": False, "use_dora": False, "init_lora_weights": True, "modules_to_save": None}
+def peft_adapter_config(meta: ModelMeta, tensor_names: Iterable[str] = ()) -> dict[str, Any]:
+    """tensor_names: the adapter's PEFT tensor names; an adapter with per-expert MoE factors gets the targets
+    transformers 5 + PEFT load it with (_fused_expert_targets)."""
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": meta.base_model,
+              "r": meta.lora_rank, "lora_alpha": meta.lora_alpha, "lora_dropout": 0.0, "bias": "none",
+              "target_modules": meta.target_modules(), "fan_in_fan_out": False, "inference_mode": True,
+              "use_rslora": False, "use_dora": False, "init_lora_weights": True, "modules_to_save": None}
+    return config | _fused_expert_targets(meta, list(tensor_names))
+
+
+_EXPERT_FACTOR = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.lora_A\.weight$")
+_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _fused_expert_targets(meta: ModelMeta, names: list[str]) -> dict[str, Any]:
+    """Targets of an adapter with expert factors, for transformers 5 + PEFT (0.21). transformers 5 keeps a layer's
+    experts as two 3-D parameters, mlp.experts.gate_up_proj [E, 2 * I, H] and mlp.experts.down_proj [E, H, I]; PEFT
+    adapts them as target_parameters and, on loading, fuses the saved per-expert factors
+    (`...experts.{e}.gate_proj.lora_A.weight`, the hub checkpoints' names, kept as they are) into them: gate and up
+    side by side, so rank and alpha double there (rank_pattern / alpha_pattern; alpha / r is unchanged). A module
+    name such as gate_proj in target_modules would make PEFT move it to the fused experts, leaving the MLPs that are
+    plain nn.Linear modules (dense layers, shared experts) without their adapter: those are named as parameters
+    (`mlp.gate_proj.weight`, `mlp.shared_experts.gate_proj.weight`), which PEFT adapts exactly as a LoRA module.
+    {} for an adapter without expert factors (dense models, train_mlp=False)."""
+    if not any(_EXPERT_FACTOR.search(name) for name in names):
+        return {}
+    mlp = set(TARGET_GROUPS["train_mlp"])
+    linear_mlps = set()
+    for name in names:
+        if not name.endswith(".lora_A.weight") or _EXPERT_FACTOR.search(name) or ".layers." not in name:
+            continue
+        module = name.removesuffix(".lora_A.weight")
+        if module.rsplit(".", 1)[-1] in mlp:  # model.layers.{i}.<this>: e.g. mlp.shared_experts.gate_proj
+            linear_mlps.add(module.split(".layers.", 1)[1].split(".", 1)[1] + ".weight")
+    pattern = r".*\.gate_up_proj"  # the key PEFT's own conversion of such adapters writes
+    return {"target_modules": [m for m in meta.target_modules() if m not in mlp] or None,
+            "target_parameters": sorted(linear_mlps) + list(_FUSED_EXPERTS),
+            "rank_pattern": {pattern: 2 * meta.lora_rank}, "alpha_pattern": {pattern: 2 * meta.lora_alpha}}
 
 
 def optimizer_files(state: Any) -> dict[str, FileData]:
@@ -122,7 +156,7 @@ def _safetensors_metadata(raw: bytes) -> dict[str, str]:
 
 def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[str, FileData]:
     """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight'; float32 masters)."""
-    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta)), ADAPTER_WEIGHTS: TensorFile(peft_state)}
+    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta, peft_state)), ADAPTER_WEIGHTS: TensorFile(peft_state)}
 
 
 def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor],
@@ -140,6 +174,9 @@ def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor],
     `dtype` when given, else as they are)."""
     files: dict[str, FileData] = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES
                                   if (base_model_dir / name).is_file()}
+    config = json.loads(files.get("config.json", b"{}"))
+    if config.pop("quantization_config", None) is not None:  # an FP8 base, dequantised at load: not FP8 any more
+        files["config.json"] = (json.dumps(config, indent=2) + "\n").encode()
     files[MODEL_WEIGHTS] = TensorFile(weights, cast_to=dtype)
     return files
 

@@ -183,3 +183,13 @@ def test_unknown_quantization_config_is_refused(checkpoints, tmp_path: Path, qua
     fp8_dir, _, _ = checkpoints
     with pytest.raises(UnimplementedError, match=match + r".*bfloat16 or float32 copy"):
         load_weights(rewrite(fp8_dir, tmp_path / "other", quant=quant))
+
+
+def test_exports_of_an_fp8_base_are_not_declared_quantized(checkpoints, tmp_path: Path) -> None:
+    """A full fine-tune's Hugging Face export copies the base's config.json; its weights were dequantised at load, so
+    the copy drops quantization_config (transformers would read the bf16 tensors as FP8 otherwise)."""
+    from skyrl_tx.checkpoints.formats import hf_model_files
+
+    fp8_dir, _, _ = checkpoints
+    config = json.loads(hf_model_files(fp8_dir, {})["config.json"])
+    assert "quantization_config" not in config and config["model_type"] == "deepseek_v3"

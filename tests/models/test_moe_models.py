@@ -138,23 +138,40 @@ def test_merged_export_with_expert_adapters_loads_in_transformers(backend: Nativ
         backend.remove_model("export")
 
 
-def test_adapter_without_mlp_loads_in_peft(backend: NativeBackend, tmp_path: Path) -> None:
-    """train_mlp=False: the PEFT directory loads in PEFT on transformers 5 and equals ours (expert adapters do not:
-    see README, "Mixture-of-experts models")."""
+@pytest.mark.parametrize("train_mlp", [True, False])
+def test_adapter_export_loads_in_peft(backend: NativeBackend, tmp_path: Path, train_mlp: bool) -> None:
+    """The PEFT directory loads in PEFT 0.21 on transformers 5 and equals ours. With expert adapters PEFT fuses the
+    saved per-expert factors into its LoRA of the fused 3-D experts (target_parameters mlp.experts.gate_up_proj /
+    down_proj, rank and alpha doubled on gate_up_proj), and the MLPs that are plain linears (the dense first layer,
+    shared experts) keep their adapters as target_parameters (as target_modules, PEFT's conversion would move them
+    to the experts: max difference 0.8 here). Our load_peft_adapter reads the directory back to the same model."""
+    import json
+
     from peft import PeftModel
 
     from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
 
-    random_adapter(backend, "attn-only", seed=71, train_mlp=False)
+    random_adapter(backend, "peft", seed=71, train_mlp=train_mlp)
     try:
-        write_directory(tmp_path, adapter_files(ModelMeta(str(backend.model_dir), RANK, ALPHA, train_mlp=False),
-                                                backend.adapter_state_dict("attn-only")))
+        write_directory(tmp_path, adapter_files(ModelMeta(str(backend.model_dir), RANK, ALPHA, train_mlp=train_mlp),
+                                                backend.adapter_state_dict("peft")))
+        config = json.loads((tmp_path / "adapter_config.json").read_text())
+        if train_mlp:
+            assert not set(config["target_modules"]) & {"gate_proj", "up_proj", "down_proj"}, config
+            assert {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"} <= set(config["target_parameters"])
         seq = seqs_of(backend.decoder_config.vocab_size, [30], seed=72)[0]
-        (got,) = ours(backend, [seq], ["attn-only"])
-        assert_close(got, hf_token_logprobs(PeftModel.from_pretrained(load_hf_model(backend.model_dir), tmp_path),
-                                            seq), ATOL)
+        (got,) = ours(backend, [seq], ["peft"])
+        peft = PeftModel.from_pretrained(load_hf_model(backend.model_dir), tmp_path)
+        assert_close(got, hf_token_logprobs(peft, seq), ATOL)
+        backend.load_peft_adapter("reloaded", tmp_path)
+        (again,) = ours(backend, [seq], ["reloaded"])
+        assert_close(again, got, 0.0)
     finally:
-        backend.remove_model("attn-only")
+        for model_id in ("peft", "reloaded"):
+            try:
+                backend.remove_model(model_id)
+            except Exception:  # noqa: BLE001 - "reloaded" is not created when an assertion before it fails
+                pass
 
 
 def test_gradient_checkpointing_and_micro_batches_give_the_same_gradients(path: Path,
