@@ -26,13 +26,15 @@ namespace skyrl_tx::backend {
 bool targets_group(const lora::LoraConfig& c, models::LoraGroup group);
 
 /// Optimizer state in checkpoint form (float32 CPU tensors keyed by trainable-tensor name): AdamW's moments
-/// (exp_avg, exp_avg_sq) or Dimuon's momentum, as `kind` says.
+/// (exp_avg, exp_avg_sq) or Dimuon's momentum, as `kind` says; and AdamW's float32 master weights of the tensors
+/// stored below float32 (a bfloat16 full fine-tune's weights; none for float32 ones, LoRA factors included).
 struct OptimizerState {
   std::string kind = "adamw";  // "adamw" | "dimuon"
   int64_t step = 0;
   std::map<std::string, at::Tensor> exp_avg;
   std::map<std::string, at::Tensor> exp_avg_sq;
   std::map<std::string, at::Tensor> momentum;
+  std::map<std::string, at::Tensor> master;
 };
 
 class Backend {
@@ -97,8 +99,8 @@ class Backend {
   /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
-  /// Bytes of optimizer state (moments, momentum) and pending gradients this rank holds for the model: a ZeRO
-  /// full fine-tune holds about 1/world_size of one process's.
+  /// Bytes of optimizer state (moments, momentum, float32 master weights of bfloat16 weights) and pending gradients
+  /// this rank holds for the model: a ZeRO full fine-tune holds about 1/world_size of one process's.
   int64_t optimizer_state_bytes(const std::string& model_id) const;
 
   // ---- checkpoint state (backend_state.cpp) ----
@@ -106,9 +108,13 @@ class Backend {
   OptimizerState optimizer_state(const std::string& model_id) const;
   /// Restores state saved by optimizer_state. Its kind must be the model's optimizer, names and shapes must
   /// match the model's trainable tensors (InvalidArgument names the first mismatch); nothing changes on error.
+  /// Master weights: none (a state saved from float32 weights or before they existed) = rebuilt from the current
+  /// weights at the next step; else one per bfloat16 tensor, each rounding to the model's current weight (load the
+  /// weights first: InvalidArgument otherwise). Masters of tensors the model holds in float32 are ignored.
   void set_optimizer_state(const std::string& model_id, const OptimizerState& state);
   /// Overwrites a model's trainable tensors: LoRA factors (as set_adapter_weights) or, for a full model,
-  /// every HF-named parameter. All names and shapes are checked before anything is copied.
+  /// every HF-named parameter (its AdamW master weights are then rebuilt from them at the next step). All names
+  /// and shapes are checked before anything is copied.
   void set_trainable_state(const std::string& model_id, const std::map<std::string, at::Tensor>& weights);
   /// A frozen snapshot from saved factors ("<module>.lora_A.weight" / ".lora_B.weight") without using a
   /// live slot: how a sampler checkpoint on disk becomes sampleable. Throws Conflict, InvalidArgument.

@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include "common/errors.h"
+#include "models/architectures.h"
 
 namespace skyrl_tx::backend {
 
@@ -46,11 +47,16 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
   if (const optim::ZeroAdamState* zero = zero_state(model_id)) {  // collective: every rank gathers the ranges
     out.step = zero->num_steps();
     std::map<std::string, std::pair<at::Tensor, at::Tensor>> local = zero->gather_moments(*collectives_);
+    std::map<std::string, at::Tensor> masters = zero->gather_masters(*collectives_);
     for (const optim::TrainableTensor& t : trainable_tensors(model_id)) {  // whole under tensor parallelism
       auto it = local.find(t.name);
       if (it == local.end()) continue;
       out.exp_avg[t.name] = host_float(whole(t, it->second.first.to(t.param.device())));
       out.exp_avg_sq[t.name] = host_float(whole(t, it->second.second.to(t.param.device())));
+      auto master = masters.find(t.name);  // the layout's float32 tensors have none worth saving: they are the weight
+      if (master != masters.end() && t.param.scalar_type() != at::kFloat) {
+        out.master[t.name] = host_float(whole(t, master->second.to(t.param.device())));
+      }
     }
     return out;
   }
@@ -63,6 +69,8 @@ OptimizerState Backend::optimizer_state(const std::string& model_id) const {
     if (moments == it->second.moments().end()) continue;
     out.exp_avg[t.name] = host_float(whole(t, moments->second.first));
     out.exp_avg_sq[t.name] = host_float(whole(t, moments->second.second));
+    auto master = it->second.masters().find(t.name);
+    if (master != it->second.masters().end()) out.master[t.name] = host_float(whole(t, master->second));
   }
   return out;
 }
@@ -79,8 +87,8 @@ void Backend::set_optimizer_state(const std::string& model_id, const OptimizerSt
   for (const auto& t : tensors) known.insert(t.name);
   const auto device = [](const optim::TrainableTensor& t) { return t.param.options().dtype(at::kFloat); };
   if (kind == "dimuon") {
-    SKYRL_TX_CHECK(state.exp_avg.empty() && state.exp_avg_sq.empty(), InvalidArgument,
-                   "load optimizer state: dimuon state holds no AdamW moments");
+    SKYRL_TX_CHECK(state.exp_avg.empty() && state.exp_avg_sq.empty() && state.master.empty(), InvalidArgument,
+                   "load optimizer state: dimuon state holds no AdamW moments or master weights");
     std::map<std::string, at::Tensor> momentum;
     for (const auto& t : tensors) {
       if (state.momentum.empty()) break;  // saved before its first optim_step: created lazily
@@ -102,11 +110,30 @@ void Backend::set_optimizer_state(const std::string& model_id, const OptimizerSt
   }
   reject_unknown(state.exp_avg, known, "load optimizer state (exp_avg)");
   reject_unknown(state.exp_avg_sq, known, "load optimizer state (exp_avg_sq)");
+  // Float32 master weights of the stepped tensors stored below float32. Each must round to the weight the model
+  // holds now (the weights are loaded first, from the same checkpoint): a master is what the next step updates
+  // and casts into the weight, so a stale one would silently replace the loaded weights.
+  std::map<std::string, at::Tensor> masters;
+  for (const auto& t : tensors) {
+    if (state.master.empty() || t.param.scalar_type() == at::kFloat || models::is_buffer_name(t.name)) continue;
+    const at::Tensor& w = expect_tensor(state.master, t.name, whole_shape(t), "load optimizer state (master)");
+    at::Tensor master = part(t, w).to(device(t), false, true).contiguous();
+    SKYRL_TX_CHECK(at::equal(master.to(t.param.scalar_type()), t.param), InvalidArgument,
+                   "load optimizer state: the float32 master weight of '", t.name, "' does not round to the model's ",
+                   t.param.scalar_type(), " weight; load the weights saved with this optimizer state first");
+    masters[t.name] = std::move(master);
+  }
+  reject_unknown(state.master, known, "load optimizer state (master)");
   if (optim::ZeroAdamState* zero = zero_state(model_id)) {
-    zero->restore(state.step, moments);  // this rank's range only
+    if (!masters.empty()) {  // ZeRO's master range spans the whole layout: float32 tensors are their own master
+      for (const auto& t : stepped_tensors(model_id)) {
+        if (!masters.count(t.name)) masters[t.name] = t.param.detach().to(at::kFloat);
+      }
+    }
+    zero->restore(state.step, moments, masters);  // this rank's range only
     return;
   }
-  optimizers_[model_id].restore(state.step, std::move(moments));
+  optimizers_[model_id].restore(state.step, std::move(moments), std::move(masters));
 }
 
 int64_t Backend::optimizer_state_bytes(const std::string& model_id) const {
@@ -118,6 +145,7 @@ int64_t Backend::optimizer_state_bytes(const std::string& model_id) const {
     for (const auto& [name, m] : d->second.momentum()) bytes += m.nbytes();
   } else if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {
     for (const auto& [name, moments] : it->second.moments()) bytes += moments.first.nbytes() + moments.second.nbytes();
+    for (const auto& [name, master] : it->second.masters()) bytes += master.nbytes();
   }
   return bytes;
 }
@@ -137,6 +165,9 @@ void Backend::set_trainable_state(const std::string& model_id, const std::map<st
   reject_unknown(weights, known, "load weights");
   c10::NoGradGuard no_grad;
   for (auto& [param, value] : updates) param.copy_(value);
+  // The old masters would overwrite the loaded weights at the next step: it rebuilds them from these instead.
+  if (auto it = optimizers_.find(model_id); it != optimizers_.end()) it->second.drop_masters();
+  if (optim::ZeroAdamState* zero = zero_state(model_id)) zero->drop_master();
 }
 
 void Backend::load_snapshot(const std::string& snapshot_id, const lora::LoraConfig& lora_config,

@@ -53,8 +53,14 @@ void Backend::attach_collectives(std::shared_ptr<dist::Collectives> group) {
   for (const auto& [model_id, model] : full_models_) {
     if (zero_optimizers_.count(model_id)) continue;
     optim::ZeroAdamState zero(stepped_tensors(model_id), *collectives_, zero_bucket_elements());
-    if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {  // moments from one process: slice them
-      zero.restore(it->second.num_steps(), it->second.moments());
+    if (auto it = optimizers_.find(model_id); it != optimizers_.end()) {  // state from one process: slice it
+      std::map<std::string, at::Tensor> masters = it->second.masters();  // none, or one per bfloat16 tensor
+      if (!masters.empty()) {  // ZeRO's master range spans the whole layout: float32 tensors are their own master
+        for (const auto& t : stepped_tensors(model_id)) {
+          if (!masters.count(t.name)) masters[t.name] = t.param.detach().to(at::kFloat);
+        }
+      }
+      zero.restore(it->second.num_steps(), it->second.moments(), masters);
       optimizers_.erase(it);
     }
     zero_optimizers_.emplace(model_id, std::move(zero));

@@ -17,7 +17,8 @@ void bind_backend(py::module_& m) {
       .def_readwrite("step", &backend::OptimizerState::step)
       .def_readwrite("momentum", &backend::OptimizerState::momentum)
       .def_readwrite("exp_avg", &backend::OptimizerState::exp_avg)
-      .def_readwrite("exp_avg_sq", &backend::OptimizerState::exp_avg_sq);
+      .def_readwrite("exp_avg_sq", &backend::OptimizerState::exp_avg_sq)
+      .def_readwrite("master", &backend::OptimizerState::master);
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def(py::init<const models::ModelConfig&, const backend::BackendConfig&, models::WeightMap,
                     std::shared_ptr<dist::Collectives>, std::shared_ptr<dist::Collectives>>(),

@@ -52,9 +52,10 @@ std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>
   const double bias1 = 1.0 - std::pow(params.beta1, static_cast<double>(step_));
   const double bias2_sqrt = std::sqrt(1.0 - std::pow(params.beta2, static_cast<double>(step_)));
   const double step_size = params.learning_rate / bias1;
-  // Float32 contiguous working copies where a tensor is not one already (bf16 weights, strided LoRA B views),
-  // so the update runs as a handful of multi-tensor kernels (torch.optim.AdamW's foreach path) rather than
-  // ~8 launches per tensor.
+  // What the update runs on: the parameter itself when it is float32 and contiguous; a float32 contiguous copy
+  // of a strided float32 one (LoRA B views), copied back; the float32 master of a lower-precision one (bf16
+  // weights), cast back. So the update runs as a handful of multi-tensor kernels (torch.optim.AdamW's foreach
+  // path) rather than ~8 launches per tensor, and no update is lost to the parameter's rounding.
   std::vector<at::Tensor> work, grads, exp_avgs, exp_avg_sqs;
   for (const auto& t : tensors) {
     auto [it, inserted] = moments_.try_emplace(t.name);
@@ -65,8 +66,13 @@ std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>
     exp_avgs.push_back(it->second.first);
     exp_avg_sqs.push_back(it->second.second);
     grads.push_back(t.grad.defined() ? t.grad.to(at::kFloat).contiguous() : at::zeros_like(it->second.first));
-    work.push_back(t.param.scalar_type() == at::kFloat && t.param.is_contiguous() ? t.param
-                                                                                 : t.param.to(at::kFloat).contiguous());
+    if (t.param.scalar_type() == at::kFloat) {
+      work.push_back(t.param.is_contiguous() ? t.param : t.param.contiguous());
+    } else {
+      auto [master, made] = masters_.try_emplace(t.name);
+      if (made) master->second = t.param.to(at::kFloat).contiguous();  // a new tensor: never the parameter
+      work.push_back(master->second);
+    }
   }
   if (grad_scale != 1.0) grads = at::_foreach_mul(grads, grad_scale);  // never in place: grads are the model's
   // Same operation order as torch.optim.AdamW's single-tensor path (so CPU results match it bit for bit).
@@ -79,7 +85,7 @@ std::map<std::string, double> AdamState::step(const std::vector<TrainableTensor>
   at::_foreach_add_(denom, params.eps);
   at::_foreach_addcdiv_(work, exp_avgs, denom, -step_size);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!work[i].is_same(tensors[i].param)) tensors[i].param.copy_(work[i]);  // back into the model's tensor
+    if (!work[i].is_same(tensors[i].param)) tensors[i].param.copy_(work[i]);  // back into the model's tensor (cast)
   }
   return {{"grad_norm", grad_norm}, {"learning_rate", params.learning_rate}, {"step", static_cast<double>(step_)}};
 }

@@ -32,8 +32,14 @@ struct TrainableTensor {
   dist::TensorSplit split;  // tensor parallelism: how the group holds it (replicated by default)
 };
 
-/// First and second moments of every tensor of one model, plus its step count.
+/// First and second moments of every tensor of one model, plus its step count, plus a float32 master copy of every
+/// tensor stored in a lower precision (bfloat16 full fine-tuning weights).
 /// NOTE: each model owns its own state, so stepping one adapter never touches another.
+/// Master weights: a step updates the master and casts it into the parameter, so an update below half an ulp of
+/// the parameter's dtype (lr·update ~ 1e-5 on bf16 weights near 1) accumulates instead of being rounded away
+/// (mixed-precision training's fp32 master weights, Micikevicius et al. 2018). Float32 parameters (LoRA factors,
+/// float32 models) are their own master: no copy. A master is made from the parameter at the first step that needs
+/// it, and only ever written by step: whoever overwrites a parameter must drop_masters() (rebuilt at the next step).
 class AdamState {
  public:
   /// Clips (if asked), then applies one AdamW step to every tensor. Returns metrics
@@ -44,15 +50,25 @@ class AdamState {
   int64_t num_steps() const { return step_; }
   /// Moments by tensor name (exp_avg, exp_avg_sq), for checkpoints.
   const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments() const { return moments_; }
-  /// Replaces the whole state (a checkpoint restore); the caller has checked names and shapes.
-  void restore(int64_t step, std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments) {
+  /// Float32 master weights by tensor name: one per stepped tensor whose parameter is not float32 (empty before
+  /// the first step, and after drop_masters).
+  const std::map<std::string, at::Tensor>& masters() const { return masters_; }
+  /// Forgets the masters (the parameters were overwritten, e.g. by loaded weights): the next step rebuilds them
+  /// from the parameters.
+  void drop_masters() { masters_.clear(); }
+  /// Replaces the whole state (a checkpoint restore); the caller has checked names and shapes, and that each
+  /// master rounds to its parameter. Masters left out are rebuilt from their parameters at the next step.
+  void restore(int64_t step, std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments,
+               std::map<std::string, at::Tensor> masters = {}) {
     step_ = step;
     moments_ = std::move(moments);
+    masters_ = std::move(masters);
   }
 
  private:
   int64_t step_ = 0;
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments_;  // float32, like the params
+  std::map<std::string, at::Tensor> masters_;                        // float32, contiguous, the params' shapes
 };
 
 /// sqrt(sum of squared L2 norms) of the defined gradients, in float64 for a stable sum.

@@ -20,6 +20,7 @@ ZeroAdamState::ZeroAdamState(const std::vector<TrainableTensor>& tensors, const 
     shapes_.push_back(t.param.sizes().vec());
     offsets_.push_back(total_);
     total_ += t.param.numel();
+    keeps_master_ = keeps_master_ || t.param.scalar_type() != at::kFloat;
   }
   // One bucket when the model fits one (no padding beyond a partial last part), else full buckets of
   // world * B <= bucket_elements; the last bucket ends in padding (zeros that stay zero).
@@ -138,7 +139,10 @@ std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTen
   const double step_size = params.learning_rate / bias1;
   std::vector<at::Tensor> weights;
   for (const auto& t : tensors) weights.push_back(t.param);
-  at::Tensor work = my_range(weights);  // [S] float32 copy of this rank's weights
+  // [S] float32: this rank's master weights (made from the weights at the first step), updated in place, or, for
+  // float32 weights, a copy of its range of them.
+  if (keeps_master_ && !master_.defined()) master_ = my_range(weights);
+  at::Tensor work = keeps_master_ ? master_ : my_range(weights);
   if (!exp_avg_.defined()) {
     exp_avg_ = at::zeros({buckets_ * part_}, float_options_);  // [S]
     exp_avg_sq_ = at::zeros_like(exp_avg_);
@@ -154,7 +158,7 @@ std::map<std::string, double> ZeroAdamState::step(const std::vector<TrainableTen
   pending_ = at::Tensor();
 
   // Every rank's updated range, in the weights' dtype (half the bytes for bf16; the cast is the one AdamState's
-  // copy back into the model makes).
+  // copy back into the model makes). The master keeps the float32 values.
   const at::ScalarType dtype = tensors.front().param.scalar_type();
   const bool one_dtype = std::all_of(tensors.begin(), tensors.end(),
                                      [&](const TrainableTensor& t) { return t.param.scalar_type() == dtype; });
@@ -187,8 +191,20 @@ std::map<std::string, at::Tensor> ZeroAdamState::gather_pending(dist::Collective
   return gather_named(pending_, group);
 }
 
-void ZeroAdamState::restore(int64_t step, const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments) {
+std::map<std::string, at::Tensor> ZeroAdamState::gather_masters(dist::Collectives& group) const {
+  if (!master_.defined()) return {};  // the same on every rank: they step, restore and load weights together
+  return gather_named(master_, group);
+}
+
+void ZeroAdamState::restore(int64_t step, const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments,
+                            const std::map<std::string, at::Tensor>& masters) {
   step_ = step;
+  master_ = at::Tensor();
+  if (keeps_master_ && !masters.empty()) {
+    std::vector<at::Tensor> full;
+    for (const auto& name : names_) full.push_back(masters.at(name));
+    master_ = my_range(full);
+  }
   if (moments.empty()) {
     exp_avg_ = exp_avg_sq_ = at::Tensor();
     return;
@@ -204,7 +220,9 @@ void ZeroAdamState::restore(int64_t step, const std::map<std::string, std::pair<
 
 int64_t ZeroAdamState::local_bytes() const {
   int64_t bytes = 0;
-  for (const at::Tensor* t : {&pending_, &exp_avg_, &exp_avg_sq_}) bytes += t->defined() ? int64_t(t->nbytes()) : 0;
+  for (const at::Tensor* t : {&pending_, &exp_avg_, &exp_avg_sq_, &master_}) {
+    bytes += t->defined() ? int64_t(t->nbytes()) : 0;
+  }
   return bytes;
 }
 

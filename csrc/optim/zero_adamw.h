@@ -23,6 +23,9 @@ namespace skyrl_tx::optim {
 /// whole model for its forward passes. Per rank: the weights plus (gradients + 2 moments) / world_size in float32,
 /// instead of the weights plus 3 full float32 copies. Same arithmetic as AdamState, element for element (the
 /// global grad norm is summed in another order: equal to ~1e-7 relative).
+/// Master weights: when any stepped tensor is stored below float32 (bf16 full fine-tuning), the rank also keeps a
+/// float32 master of its range, beside the moments: the step updates it and all-gathers its cast, so updates
+/// below half an ulp of bf16 accumulate (AdamState's masters, sharded). Float32 weights need none.
 /// Every rank calls every collective method in the same order with the same tensors (names and shapes).
 class ZeroAdamState {
  public:
@@ -52,10 +55,17 @@ class ZeroAdamState {
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> gather_moments(dist::Collectives& group) const;
   /// The pending gradients of every tensor by name, as float32 CPU tensors (zeros when none). Collective.
   std::map<std::string, at::Tensor> gather_pending(dist::Collectives& group) const;
+  /// Full float32 master weights of every layout tensor by name, as CPU tensors (empty when this state keeps none:
+  /// float32 weights, or before the first step / after drop_master). Collective.
+  std::map<std::string, at::Tensor> gather_masters(dist::Collectives& group) const;
   /// Replaces the state with full moments by name (a checkpoint; empty: none yet): keeps this rank's range.
-  /// The caller has checked names and shapes.
-  void restore(int64_t step, const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments);
-  /// Bytes of optimizer state this rank holds: pending gradients and moments (its range only).
+  /// `masters`: empty (rebuilt from the weights at the next step) or full float32 masters of every layout tensor,
+  /// each rounding to its weight. The caller has checked names and shapes.
+  void restore(int64_t step, const std::map<std::string, std::pair<at::Tensor, at::Tensor>>& moments,
+               const std::map<std::string, at::Tensor>& masters = {});
+  /// Forgets the master range (the weights were overwritten): the next step rebuilds it from the weights.
+  void drop_master() { master_ = at::Tensor(); }
+  /// Bytes of optimizer state this rank holds: pending gradients, moments and master weights (its range only).
   int64_t local_bytes() const;
 
  private:
@@ -85,6 +95,8 @@ class ZeroAdamState {
   at::TensorOptions float_options_;  // float32 on the model's device
   at::Tensor pending_;               // [S] float32
   at::Tensor exp_avg_, exp_avg_sq_;  // [S] float32; undefined until the first step (or a restore)
+  bool keeps_master_ = false;        // some layout tensor is stored below float32
+  at::Tensor master_;                // [S] float32 when keeps_master_; undefined until the first step (or a restore)
   int64_t step_ = 0;
 };
 

@@ -232,18 +232,22 @@ class NativeBackend:
 
     def set_optimizer_state(self, model_id: str, step: int, exp_avg: dict[str, torch.Tensor],
                             exp_avg_sq: dict[str, torch.Tensor], *, kind: str = "adamw",
-                            momentum: dict[str, torch.Tensor] | None = None) -> None:
-        """Its kind must be the model's optimizer (InvalidArgumentError naming both otherwise)."""
+                            momentum: dict[str, torch.Tensor] | None = None,
+                            master: dict[str, torch.Tensor] | None = None) -> None:
+        """Its kind must be the model's optimizer (InvalidArgumentError naming both otherwise). master: AdamW's
+        float32 master weights of bfloat16 weights, each rounding to the model's current weight (load the weights
+        first); None or empty: rebuilt from the current weights at the next step."""
         state = load_extension().OptimizerState()
         state.kind, state.step = kind, int(step)
         state.exp_avg, state.exp_avg_sq = core_names(exp_avg), core_names(exp_avg_sq)
         state.momentum = core_names(momentum or {})
+        state.master = core_names(master or {})
         self._core.set_optimizer_state(model_id, state)
 
     def restore_optimizer(self, model_id: str, saved: dict[str, Any]) -> None:
         """Restores what checkpoints.formats.read_optimizer returned."""
         self.set_optimizer_state(model_id, saved["step"], saved["exp_avg"], saved["exp_avg_sq"], kind=saved["kind"],
-                                 momentum=saved["momentum"])
+                                 momentum=saved["momentum"], master=saved.get("master"))
 
     def load_snapshot(self, snapshot_id: str, weights: dict[str, torch.Tensor], *, rank: int, alpha: float,
                       train_attn: bool = True, train_mlp: bool = True, train_unembed: bool = True) -> None:

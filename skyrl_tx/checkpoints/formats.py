@@ -2,8 +2,8 @@
 
 Every checkpoint directory holds `skyrl_state.json` (ModelMeta) so it can be loaded without the database.
 - weights (training state): the trainable tensors (adapter_model.safetensors for LoRA, model.safetensors
-  for full fine-tuning) + optimizer.safetensors (AdamW moments or Dimuon momentum; step and optimizer kind
-  in the metadata).
+  for full fine-tuning) + optimizer.safetensors (AdamW moments or Dimuon momentum, and the float32 master
+  weights of a bfloat16 full fine-tune; step and optimizer kind in the metadata).
 - sampler_weights / external_weights: a PEFT adapter (adapter_config.json + adapter_model.safetensors), or
   for full fine-tuning a Hugging Face model directory (config.json, model.safetensors, tokenizer files),
   which transformers / PEFT load as is.
@@ -129,21 +129,25 @@ def _fused_expert_targets(meta: ModelMeta, names: list[str]) -> dict[str, Any]:
 
 
 def optimizer_files(state: Any) -> dict[str, FileData]:
-    """state: the extension's OptimizerState (kind, step, exp_avg, exp_avg_sq, momentum; float32, saved as is)."""
+    """state: the extension's OptimizerState (kind, step, exp_avg, exp_avg_sq, momentum, master; float32, saved as
+    is). master: AdamW's float32 master weights of a bfloat16 full fine-tune (the weights file holds their bf16
+    rounding); empty for float32 weights and LoRA adapters."""
     tensors = {f"exp_avg.{k}": v for k, v in state.exp_avg.items()}
     tensors |= {f"exp_avg_sq.{k}": v for k, v in state.exp_avg_sq.items()}
     tensors |= {f"momentum.{k}": v for k, v in state.momentum.items()}
+    tensors |= {f"master.{k}": v for k, v in state.master.items()}
     return {OPTIMIZER_FILE: TensorFile(tensors, metadata={"step": str(int(state.step)), "optimizer": state.kind})}
 
 
 def read_optimizer(read: ReadFile) -> dict[str, Any]:
-    """{kind, step, exp_avg, exp_avg_sq, momentum} (tensor names without their prefix); files written before
-    Dimuon existed have no "optimizer" metadata and hold AdamW moments."""
+    """{kind, step, exp_avg, exp_avg_sq, momentum, master} (tensor names without their prefix); files written before
+    Dimuon existed have no "optimizer" metadata and hold AdamW moments; files written before master weights existed
+    (or from float32 weights) hold none: the backend rebuilds them from the loaded weights."""
     raw = read(OPTIMIZER_FILE)
     tensors = load_safetensors(raw)
     metadata = _safetensors_metadata(raw)
     out: dict[str, Any] = {"kind": metadata.get("optimizer", "adamw"), "step": int(metadata.get("step", "0"))}
-    for part in ("exp_avg", "exp_avg_sq", "momentum"):
+    for part in ("exp_avg", "exp_avg_sq", "momentum", "master"):
         out[part] = {k.removeprefix(f"{part}."): v for k, v in tensors.items() if k.startswith(f"{part}.")}
     return out
 

@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -153,6 +155,65 @@ TEST(AdamWTest, StepValidatesBeforeTouchingParams) {
   EXPECT_THROW(state.step({{"a", a, at::ones({3})}}, h), InvalidArgument);
   EXPECT_TENSOR_EQ(a, before);
   EXPECT_EQ(state.num_steps(), 0);
+}
+
+// bf16 weights in [0.07, 0.12) (a bf16 ulp there is 2^-11 ≈ 4.9e-4) and a constant gradient: every AdamW step moves
+// a weight by lr = 1e-5 (m̂/√v̂ = ±1), far below half an ulp, so a step that casts its float32 result back into the
+// weight loses it. With float32 master weights, 200 steps move each weight by 200·lr = 2e-3 (about 4 ulps) as a
+// float32 run does: the bf16 weights equal that run's final values rounded to bf16.
+TEST(AdamWTest, Bf16WeightsFollowTheFloat32RunThroughMasterWeights) {
+  at::Generator gen = make_gen(11);
+  const at::Tensor start = (0.07 + 0.05 * at::rand({64}, gen)).to(at::kBFloat16);  // bf16 values
+  const at::Tensor grad = randn({64}, gen).to(at::kBFloat16);                      // what a bf16 backward gives
+  AdamParams h;
+  h.learning_rate = 1e-5;
+  h.eps = 1e-8;
+  at::Tensor bf16 = start.clone(), f32 = start.to(at::kFloat);
+  AdamState bf16_state, f32_state;
+  for (int step = 0; step < 200; ++step) {
+    bf16_state.step({{"w", bf16, grad}}, h);
+    f32_state.step({{"w", f32, grad.to(at::kFloat)}}, h);
+  }
+  ASSERT_EQ(bf16.scalar_type(), at::kBFloat16);
+  // The float32 run moved every weight by 200 lr against its gradient's sign.
+  const at::Tensor expected_move = -200 * h.learning_rate * grad.to(at::kFloat).sign();
+  EXPECT_TENSOR_CLOSE(f32 - start.to(at::kFloat), expected_move, 0, 1e-5);
+  // The bf16 weights moved with it: exactly its rounding (the master is the float32 run, op for op).
+  EXPECT_TENSOR_EQ(bf16, f32.to(at::kBFloat16));
+  EXPECT_TENSOR_CLOSE(bf16.to(at::kFloat) - start.to(at::kFloat), expected_move, 0, 2.5e-4);  // half an ulp
+  EXPECT_TRUE(at::all(bf16 != start).item<bool>());
+}
+
+TEST(AdamWTest, MastersOnlyForLowPrecisionTensorsAndRebuiltAfterDrop) {
+  at::Generator gen = make_gen(12);
+  at::Tensor f = randn({4}, gen), b = randn({3, 2}, gen).to(at::kBFloat16);
+  const at::Tensor gf = randn({4}, gen), gb = randn({3, 2}, gen).to(at::kBFloat16);
+  AdamParams h = test_params();
+  AdamState state;
+  state.step({{"f", f, gf}, {"b", b, gb}}, h);
+  ASSERT_EQ(state.masters().size(), 1u);  // float32 weights are their own master: no copy
+  const at::Tensor& master = state.masters().at("b");
+  EXPECT_EQ(master.scalar_type(), at::kFloat);
+  EXPECT_TENSOR_EQ(master.to(at::kBFloat16), b);
+
+  // A restored state (moments and master) continues exactly like the original.
+  at::Tensor f2 = f.clone(), b2 = b.clone();
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments;
+  for (const auto& [name, mv] : state.moments()) moments[name] = {mv.first.clone(), mv.second.clone()};
+  AdamState restored;
+  restored.restore(state.num_steps(), moments, {{"b", master.clone()}});
+  state.step({{"f", f, gf}, {"b", b, gb}}, h);
+  restored.step({{"f", f2, gf}, {"b", b2, gb}}, h);
+  EXPECT_TENSOR_EQ(b2, b);
+  EXPECT_TENSOR_EQ(restored.masters().at("b"), state.masters().at("b"));
+
+  // Overwritten weights: after drop_masters the next step starts from them, not from the old master.
+  b.fill_(0.5);
+  state.drop_masters();
+  EXPECT_TRUE(state.masters().empty());
+  state.step({{"f", f, gf}, {"b", b, gb}}, h);
+  EXPECT_TRUE(at::all(at::abs(b.to(at::kFloat) - 0.5) < 0.05).item<bool>());
+  EXPECT_TENSOR_EQ(state.masters().at("b").to(at::kBFloat16), b);
 }
 
 }  // namespace

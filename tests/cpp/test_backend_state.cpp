@@ -158,5 +158,48 @@ TEST_F(BackendStateTest, FullModelTrainableStateRoundTrips) {
   EXPECT_THROW(backend_->set_trainable_state("b", bad), InvalidArgument);
 }
 
+// A bfloat16 full fine-tune keeps float32 master weights beside its AdamW moments: counted in optimizer_state_bytes,
+// exported and restored with the optimizer state (each must round to the loaded weight), rebuilt from the weights
+// after set_trainable_state. LoRA factors, float32 masters themselves, keep none.
+TEST_F(BackendStateTest, Bf16FullModelKeepsMasterWeightsInItsOptimizerState) {
+  config_.dtype = "bfloat16";
+  backend_ = std::make_unique<Backend>(model_config_, config_, skyrl_tx::testing::random_weights(model_config_, 5));
+  backend_->create_full_model("a");
+  train_step("a");
+  const OptimizerState saved = backend_->optimizer_state("a");
+  const Weights weights = backend_->trainable_state("a");
+  ASSERT_EQ(saved.master.size(), weights.size());
+  int64_t params = 0;
+  for (const auto& [name, master] : saved.master) {
+    EXPECT_EQ(master.scalar_type(), at::kFloat) << name;
+    EXPECT_TRUE(at::equal(master.to(at::kBFloat16).to(at::kFloat), weights.at(name))) << name;
+    params += master.numel();
+  }
+  EXPECT_EQ(backend_->optimizer_state_bytes("a"), 3 * 4 * params);  // 2 moments + master (gradients freed)
+
+  // Weights, then optimizer state with its masters: continues exactly like the original.
+  backend_->create_full_model("b");
+  backend_->set_trainable_state("b", weights);
+  OptimizerState stale = saved;  // a master that does not round to the loaded weight is refused, changing nothing
+  stale.master.begin()->second = stale.master.begin()->second + 1.0;
+  EXPECT_THROW(backend_->set_optimizer_state("b", stale), InvalidArgument);
+  EXPECT_TRUE(backend_->optimizer_state("b").master.empty());
+  backend_->set_optimizer_state("b", saved);
+  train_step("a");
+  train_step("b");
+  expect_equal(backend_->trainable_state("a"), backend_->trainable_state("b"));
+  expect_equal(backend_->optimizer_state("a").master, backend_->optimizer_state("b").master);
+
+  // Loading weights drops the masters (the next step rebuilds them from the loaded weights).
+  backend_->set_trainable_state("b", weights);
+  EXPECT_TRUE(backend_->optimizer_state("b").master.empty());
+  EXPECT_EQ(backend_->optimizer_state_bytes("b"), 2 * 4 * params);
+
+  backend_->create_adapter("lora", lora(1));
+  train_step("lora");
+  EXPECT_TRUE(backend_->optimizer_state("lora").master.empty());
+  EXPECT_FALSE(backend_->optimizer_state("lora").exp_avg.empty());
+}
+
 }  // namespace
 }  // namespace skyrl_tx::backend
