@@ -37,10 +37,14 @@ SAVED = (CheckpointStatus.READY.value, CheckpointStatus.DELETED.value)  # writte
 
 def _utc(value: datetime, field: str) -> datetime:
     value = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    try:
+        value = value.astimezone(timezone.utc)
+    except OverflowError as exc:  # e.g. 0001-01-01T00:00:00+01:00
+        raise InvalidArgumentError(f"billing usage: {field} is out of range (got {value.isoformat()})") from exc
     if value.minute or value.second or value.microsecond:
         raise InvalidArgumentError(f"billing usage: {field} must be on a UTC hour boundary (got {value.isoformat()}); "
                                    "e.g. 2026-07-13T00:00:00Z")
-    return value.astimezone(timezone.utc)
+    return value
 
 
 def window(starting_on: datetime, ending_before: datetime) -> tuple[datetime, datetime]:
