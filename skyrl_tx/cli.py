@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge_parser.set_defaults(func=export_merged)
     add_db_parser(sub)
     add_keys_parser(sub)
+    from skyrl_tx.plan.command import add_plan_parser  # torch-free: config.json and --backend-config only
+
+    add_plan_parser(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ import threading
 
 from skyrl_tx.engine.process import PipeEvents
 from skyrl_tx.engine.settings import EngineSettings
+from skyrl_tx.errors import SkyrlTxError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=read_wakeups, name="skyrl-tx-engine-wakeups", daemon=True).start()
     # standalone, nobody listens: skip encoding the results and the stats
     report = PipeEvents(emit) if stdio else (lambda outcomes: None)
-    settings.run(stop, wake, notify=report, on_ready=lambda: emit("ready"))
+    try:
+        settings.run(stop, wake, notify=report, on_ready=lambda: emit("ready"))
+    except SkyrlTxError as exc:  # a start-up refusal (bad model, a memory plan that cannot fit): its message alone
+        logging.getLogger("skyrl_tx.engine").error("%s", exc.message)
+        return 2
     return 0
 
 

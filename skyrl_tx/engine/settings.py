@@ -61,7 +61,12 @@ class EngineSettings:
         self.configure_threads()  # before the imports below load torch (a no-op if __main__ did it already)
 
         from skyrl_tx.backend.factory import make_backend
+        from skyrl_tx.models.hf_config import load_decoder_config
+        from skyrl_tx.plan.capacity import check_fits
 
+        # A layout whose memory plan exceeds a device's whole memory is refused here, naming the key to change,
+        # instead of running out of memory minutes into the load or the first step (skyrl_tx/plan/).
+        check_fits(load_decoder_config(Path(self.model_dir)), backend_settings)
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
                  backend_settings.dtype, backend_settings.device)

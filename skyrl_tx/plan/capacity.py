@@ -1,0 +1,80 @@
+"""Device capacities for the memory plan, and the start-up refusal of a layout whose plan cannot fit.
+
+The refusal compares the plan's peak with a device's whole memory (a GPU's total, the host's MemTotal), not with what
+happens to be free: a configuration is refused only when it could never fit, and the error names the key to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InvalidArgumentError
+from skyrl_tx.models.hf_config import DecoderConfig
+from skyrl_tx.plan.memory import GiB, KNOBS, LABELS, MemoryPlan, plan_memory
+
+log = logging.getLogger("skyrl_tx.plan")
+
+
+def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_capacity(device: str) -> int | None:
+    """A device's whole memory in bytes; None where it cannot be read (no torch, no such GPU)."""
+    if device == "cpu":
+        return host_memory_bytes()
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    except Exception:  # noqa: BLE001 - a plan without capacities still prints
+        return None
+
+
+def capacities(plan: MemoryPlan) -> dict[str, int]:
+    found = {}
+    for device in {d.device for d in plan.devices}:
+        cap = device_capacity(device)
+        if cap is not None:
+            found[device] = cap
+    return found
+
+
+def check_fits(config: DecoderConfig, settings: BackendSettings, capacity: dict[str, int] | None = None) -> MemoryPlan:
+    """The plan, logged in one line; InvalidArgumentError (naming the largest line's keys) when a device cannot hold
+    its peak. On the CPU every process of the layout on this host shares its memory, so their totals are added."""
+    plan = plan_memory(config, settings)
+    capacity = capacities(plan) if capacity is None else capacity
+    by_device: dict[str, int] = {}
+    for d in plan.devices:
+        share = d.total
+        if d.device == "cpu" and d.role.startswith("trainer"):  # every trainer rank of this node is a process
+            share *= max(settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
+                         // max(settings.num_processes, 1), 1)
+        key = "cpu" if d.device == "cpu" else d.device
+        by_device[key] = by_device.get(key, 0) + share
+    trainer = plan.devices[0]
+    log.info("memory plan (skyrl-tx plan shows each line): %s", ", ".join(
+        f"{d.role} on {d.device} {d.total / GiB:.2f} GiB" for d in plan.devices))
+    for device, need in by_device.items():
+        cap = capacity.get(device)
+        if cap is None or need <= cap:
+            continue
+        worst = next(d for d in plan.devices if d.device == device)
+        key = worst.largest_adjustable()
+        raise InvalidArgumentError(
+            f"memory plan: {device} needs {need / GiB:.1f} GiB at the peak but has {cap / GiB:.1f} GiB; the largest "
+            f"part is {LABELS[key]} ({worst.lines[key] / GiB:.1f} GiB): lower it through --backend-config "
+            f"{KNOBS[key]}. `skyrl-tx plan --base-model ... --backend-config ...` prints every line")
+    return plan
