@@ -67,8 +67,9 @@ class BackendSettings:
     recovery_snapshot_every_s: float = 600.0
     futures_retention_hours: float = 24.0
     # Memory for full fine-tuning sampler snapshots (frozen whole-model copies): beyond it the least recently
-    # sampled ones move to disk and load back when sampled (engine/snapshot_memory.py).
-    snapshot_memory_mb: int = 8192
+    # sampled ones move to disk and load back when sampled (engine/snapshot_memory.py). 0: what the device has left
+    # once the memory plan's peak is counted (skyrl-tx plan; a bf16 8B full fine-tune's snapshot alone is 16 GB).
+    snapshot_memory_mb: int = 0
     # Data parallelism (the seed README's key): ranks on this node, one process each (rank 0 is the engine), each
     # computing its share of every forward_backward's rows by tokens; 1: one process
     # (skyrl_tx/parallel/data_parallel_backend.py). A full fine-tune's gradients and AdamW moments are sharded over
@@ -235,10 +236,13 @@ class BackendSettings:
         if self.num_threads < 0:
             raise InvalidArgumentError(f"--backend-config: num_threads must be >= 0 (0: chosen from the cores "
                                        f"the engine owns; got {self.num_threads})")
+        if self.snapshot_memory_mb < 0:
+            raise InvalidArgumentError(f"--backend-config: snapshot_memory_mb must be >= 0 (0: what the device has "
+                                       f"left after the memory plan; got {self.snapshot_memory_mb})")
         if self.max_full_models < 0:
             raise InvalidArgumentError(f"--backend-config: max_full_models must be >= 0 (got {self.max_full_models})")
         for key in ("max_lora_adapters", "max_lora_rank", "logprobs_chunk_tokens", "train_micro_batch_tokens",
-                    "max_sampling_sequences", "max_resident_snapshots", "snapshot_memory_mb", "max_logprobs_k",
+                    "max_sampling_sequences", "max_resident_snapshots", "max_logprobs_k",
                     "fully_sharded_data_parallel_size", "num_processes", "zero_bucket_mb", "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise InvalidArgumentError(f"--backend-config: {key} must be >= 1 (got {getattr(self, key)})")

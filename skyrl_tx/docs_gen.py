@@ -78,8 +78,9 @@ BACKEND_CONFIG_DOCS: dict[str, tuple[str, str, str]] = {
                     "on a GPU, each decode step shape (batch rounded up to a power of two, keys to a multiple of 128) "
                     "is captured once as a CUDA graph and replayed: no per-kernel launch cost; ignored on a CPU"),
     "snapshot_memory_mb": ("Sampling and the KV cache", "all",
-                           "memory for full fine-tuning sampler snapshots (whole-model copies); beyond it the least "
-                           "recently sampled move to disk and load back when sampled"),
+                           "device memory for full fine-tuning sampler snapshots (whole-model copies); beyond it the "
+                           "least recently sampled move to disk and load back when sampled; 0: what the device has "
+                           "left after the memory plan's peak (`skyrl-tx plan`)"),
     "num_threads": ("Engine", "all",
                     "the engine's torch intra-op threads; 0: chosen from the cores it owns ([Thread pools on a shared "
                     "CPU](../operating.md#thread-pools-on-a-shared-cpu)); `OMP_NUM_THREADS` wins"),

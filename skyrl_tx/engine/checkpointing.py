@@ -64,9 +64,21 @@ class Checkpointer:
         self.sessions = sessions
         self.model_dir = Path(model_dir)
         self.saves = BackgroundSaves()
-        budget_mb = getattr(getattr(backend, "settings", None), "snapshot_memory_mb", DEFAULT_SNAPSHOT_MEMORY_MB)
-        self.snapshot_memory = SnapshotMemory(backend, budget_mb << 20, self.model_dtype())
+        self.snapshot_memory = SnapshotMemory(backend, self._snapshot_budget(), self.model_dtype())
         self._full_models: dict[str, bool] = {}  # model id → full fine-tuning (lora_rank 0)
+
+    def _snapshot_budget(self) -> int:
+        """snapshot_memory_mb, or (0) what the device has left after the memory plan's peak (plan/capacity.py)."""
+        settings = getattr(self.backend, "settings", None)
+        budget_mb = getattr(settings, "snapshot_memory_mb", 0)
+        if budget_mb:
+            return budget_mb << 20
+        config = getattr(self.backend, "decoder_config", None)
+        if settings is None or config is None:
+            return DEFAULT_SNAPSHOT_MEMORY_MB << 20
+        from skyrl_tx.plan.capacity import snapshot_budget_bytes
+
+        return snapshot_budget_bytes(config, settings, default=DEFAULT_SNAPSHOT_MEMORY_MB << 20)
 
     # ---- saving -----------------------------------------------------------------------------------
     def save(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -78,3 +78,17 @@ def check_fits(config: DecoderConfig, settings: BackendSettings, capacity: dict[
             f"part is {LABELS[key]} ({worst.lines[key] / GiB:.1f} GiB): lower it through --backend-config "
             f"{KNOBS[key]}. `skyrl-tx plan --base-model ... --backend-config ...` prints every line")
     return plan
+
+
+def snapshot_budget_bytes(config: DecoderConfig, settings: BackendSettings, *, default: int,
+                          capacity: dict[str, int] | None = None) -> int:
+    """Full fine-tuning snapshots' budget when snapshot_memory_mb is 0: the trainer device's memory less the plan's
+    peak (`default` where the device's memory cannot be read)."""
+    plan = plan_memory(config, settings)
+    trainer = plan.devices[0]
+    capacity = capacities(plan) if capacity is None else capacity
+    cap = capacity.get(trainer.device)
+    budget = default if cap is None else max(cap - trainer.total, 0)
+    log.info("full fine-tuning snapshots: %.1f GiB of %s (%s)", budget / GiB, trainer.device,
+             "snapshot_memory_mb" if cap is None else "what the memory plan leaves")
+    return budget

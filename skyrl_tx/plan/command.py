@@ -38,8 +38,7 @@ def plan_command(args: argparse.Namespace) -> int:
     capacity = capacities(plan)
     if args.json:
         print(json.dumps({"devices": [{"role": d.role, "device": d.device, "lines": d.lines, "total": d.total,
-                                       "capacity": capacity.get(d.device)} for d in plan.devices],
-                          "host": plan.host_lines}, indent=2))
+                                       "capacity": capacity.get(d.device)} for d in plan.devices]}, indent=2))
     else:
         print(plan.render(capacity))
     fits = all(d.total <= capacity.get(d.device, d.total) for d in plan.devices)

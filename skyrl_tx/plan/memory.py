@@ -35,11 +35,13 @@ KNOBS = {
     "activations": "train_micro_batch_tokens, or gradient_checkpointing true",
     "runtime": "nothing: the process itself",
     "loading": "tensor_parallel_size (each rank loads its share)",
+    "snapshots": "snapshot_memory_mb (0: what the device has left), or max_full_models",
 }
 LABELS = {"weights": "base weights", "lora_factors": "LoRA slots (factors)",
           "lora_training": "LoRA gradients + AdamW moments", "full_finetune": "full fine-tunes (weights, grads, "
           "moments, masters)", "kv_cache": "KV cache", "activations": "activations (one micro-batch)",
-          "runtime": "runtime (process, context)", "loading": "loading (checkpoint held while copied; at start)"}
+          "runtime": "runtime (process, context)",
+          "snapshots": "full fine-tunes' sampler snapshots", "loading": "loading (checkpoint held while copied; at start)"}
 
 
 @dataclass
@@ -61,7 +63,6 @@ class DevicePlan:
 @dataclass
 class MemoryPlan:
     devices: list[DevicePlan]
-    host_lines: dict[str, int]  # host memory beside the devices' (snapshots moved out of device memory)
 
     def render(self, capacity: dict[str, int] | None = None) -> str:
         rows = []
@@ -72,8 +73,6 @@ class MemoryPlan:
             cap = (capacity or {}).get(plan.device)
             fits = "" if cap is None else f"   of {cap / GiB:.2f} GiB: {'fits' if plan.total <= cap else 'DOES NOT FIT'}"
             rows.append(f"  {'peak (resident + the larger transient)':<48} {plan.total / GiB:9.2f} GiB{fits}")
-        for key, size in self.host_lines.items():
-            rows.append(f"host: {key:<42} {size / GiB:9.2f} GiB")
         return "\n".join(rows)
 
 
@@ -178,7 +177,9 @@ def plan_memory(config: DecoderConfig, settings: BackendSettings) -> MemoryPlan:
         "full_finetune": int(full), "kv_cache": kv if settings.colocate_all else 0,
         "activations": activation_bytes(config, settings, dtype_bytes, tp), "runtime": RUNTIME_BYTES[kind],
         # the checkpoint's tensors (this rank's share, in the compute dtype) stay referenced until the model is built
-        "loading": weights * dtype_bytes if kind == "cpu" else 0})
+        "loading": weights * dtype_bytes if kind == "cpu" else 0,
+        # frozen whole-model copies for sampling full fine-tunes, on this device (0: they take what is left)
+        "snapshots": settings.snapshot_memory_mb << 20 if settings.max_full_models else 0})
     if settings.gpu_memory_utilization > 0:
         trainer.lines["kv_cache"] = 0  # sized at start from what is left (gpu_memory_utilization)
     devices = [trainer]
@@ -193,6 +194,4 @@ def plan_memory(config: DecoderConfig, settings: BackendSettings) -> MemoryPlan:
                 "lora_factors": iwidths * settings.max_lora_rank * slots * (4 + (dtype_bytes if kind == "cuda" else 0)),
                 "kv_cache": kv_row_bytes(config, settings.max_sampling_length, dtype_bytes, itp) * kv_rows,
                 "runtime": RUNTIME_BYTES[kind]}))
-    host = {"full fine-tune sampler snapshots (snapshot_memory_mb)": settings.snapshot_memory_mb * 1024 ** 2
-            if settings.max_full_models else 0}
-    return MemoryPlan(devices, host)
+    return MemoryPlan(devices)

@@ -59,3 +59,22 @@ def test_plan_command_prints_every_line_of_a_published_model_offline() -> None:
         assert label in run.stdout
     weights = float(run.stdout.split("base weights")[1].split()[0])
     assert weights == pytest.approx(30.53e9 * 2 / GiB, rel=0.01)  # the model card's 30.5B parameters in bf16
+
+
+def test_snapshot_budget_by_default_is_what_the_plan_leaves(tiny_model_dir) -> None:
+    """snapshot_memory_mb 0 (the default): full fine-tunes' snapshots get the device's memory less the plan's peak,
+    so a bf16 8B full fine-tune's 16 GB snapshot is not refused by a fixed 8 GB default; a set value wins."""
+    from skyrl_tx.plan.capacity import snapshot_budget_bytes
+    from skyrl_tx.plan.published import PUBLISHED
+    from skyrl_tx.models.hf_config import decoder_config_from_dict
+
+    config = load_decoder_config(tiny_model_dir("tiny-qwen3"))
+    settings = BackendSettings()
+    peak = plan_memory(config, settings).devices[0].total
+    assert snapshot_budget_bytes(config, settings, default=1, capacity={"cpu": peak + 3 * GiB}) == 3 * GiB
+    assert snapshot_budget_bytes(config, settings, default=7, capacity={}) == 7
+    eight_b = decoder_config_from_dict(PUBLISHED["Qwen/Qwen3-8B"])
+    on_h200 = BackendSettings(dtype="bfloat16", device="cuda:0", fully_sharded_data_parallel_size=8,
+                              max_lora_adapters=1, train_micro_batch_tokens=4096)
+    budget = snapshot_budget_bytes(eight_b, on_h200, default=0, capacity={"cuda:0": 141 * GiB})
+    assert budget > 16.4e9  # one frozen bf16 copy of the 8.19B weights fits beside the plan

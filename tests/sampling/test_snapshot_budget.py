@@ -115,7 +115,7 @@ def test_a_snapshot_larger_than_the_budget_is_a_clear_error(loop: EngineLoop) ->
 def test_snapshot_memory_is_a_backend_config_key() -> None:
     assert BackendSettings.from_json('{"snapshot_memory_mb": 512}').snapshot_memory_mb == 512
     with pytest.raises(InvalidArgumentError, match="snapshot_memory_mb"):
-        BackendSettings.from_json('{"snapshot_memory_mb": 0}')
+        BackendSettings.from_json('{"snapshot_memory_mb": -1}')
 
 
 def test_snapshots_serving_samples_stay_and_a_new_one_waits_on_disk(loop: EngineLoop) -> None:
