@@ -105,10 +105,11 @@ def _moe(c: DecoderConfig, p: str) -> list[Param]:
         out.append(Param(f"{p}.gate.e_score_correction_bias", (c.num_experts,), REPLICATED))
     for j in range(c.num_experts):
         out += _swiglu(c, f"{p}.experts.{j}", c.moe_intermediate_size, EXPERT, EXPERT)
+    # Shared experts run whole on every tensor-parallel rank, as the router does (csrc/models/causal_lm.cpp).
     if c.n_shared_experts:  # DeepSeek V3: n shared experts as one MLP of n times the width
-        out += _swiglu(c, f"{p}.shared_experts", c.moe_intermediate_size * c.n_shared_experts)
+        out += _swiglu(c, f"{p}.shared_experts", c.moe_intermediate_size * c.n_shared_experts, REPLICATED, REPLICATED)
     if c.shared_expert_intermediate_size:  # Qwen3.5 MoE: one sigmoid-gated shared expert
-        out += _swiglu(c, f"{p}.shared_expert", c.shared_expert_intermediate_size)
+        out += _swiglu(c, f"{p}.shared_expert", c.shared_expert_intermediate_size, REPLICATED, REPLICATED)
         out.append(Param(f"{p}.shared_expert_gate.weight", (1, c.hidden_size), REPLICATED))
     return out
 

@@ -8,9 +8,11 @@ saves per token and layer (checked against a measured peak in tests/plan/test_re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from skyrl_tx.config import BackendSettings
+from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.architectures import BY_ARCHITECTURE, mlp_layout
 from skyrl_tx.models.hf_config import DecoderConfig
 from skyrl_tx.plan.inventory import EXPERT, lora_linears, model_params
@@ -151,11 +153,38 @@ def activation_bytes(config: DecoderConfig, settings: BackendSettings, dtype_byt
     return tokens * (saved + transient) + logits + hidden_grads
 
 
+def check_tensor_parallel(config: DecoderConfig, tp: int) -> None:
+    """The core's own refusal (csrc/models/causal_lm.cpp `validated`), before anything loads: tensor_parallel_size
+    must divide the attention heads, the KV heads (not MLA's latent), a dense MLP's width and Gated DeltaNet's heads."""
+    if tp == 1:
+        return
+    spec = BY_ARCHITECTURE[config.architecture]
+    layout = mlp_layout(spec, config.num_hidden_layers, num_experts=config.num_experts,
+                        decoder_sparse_step=config.decoder_sparse_step, mlp_only_layers=config.mlp_only_layers,
+                        first_k_dense_replace=config.first_k_dense_replace)
+    widths = {"attention heads": config.num_attention_heads}
+    if spec.attention != "mla":
+        widths["KV heads"] = config.num_key_value_heads
+    if "dense" in layout:
+        widths["MLP width"] = config.intermediate_size
+    if config.layer_types and "linear_attention" in config.layer_types:
+        widths["linear-attention key heads"] = config.linear_num_key_heads
+        widths["linear-attention value heads"] = config.linear_num_value_heads
+    bad = {k: v for k, v in widths.items() if v % tp}
+    if bad:
+        raise InvalidArgumentError(
+            f"--backend-config: tensor_parallel_size {tp} must divide the model's "
+            f"{', '.join(f'{k} ({v})' for k, v in bad.items())}; choose a divisor of {math.gcd(*widths.values())}"
+            + (" (or spread the experts over data-parallel ranks: tensor_parallel_size 1, expert_parallel_size = "
+               "fully_sharded_data_parallel_size)" if config.num_experts else ""))
+
+
 def plan_memory(config: DecoderConfig, settings: BackendSettings) -> MemoryPlan:
     """The peak of every device of the layout `settings` describes (worst case: every slot and full fine-tune live,
     every adapter trained since its last optim step)."""
     dtype_bytes = DTYPE_BYTES[settings.dtype]
     tp = settings.tensor_parallel_size
+    check_tensor_parallel(config, tp)
     dp = settings.fully_sharded_data_parallel_size
     ep = settings.expert_parallel_size
     kind = "cpu" if settings.device == "cpu" else "cuda"

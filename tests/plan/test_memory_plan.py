@@ -78,3 +78,17 @@ def test_snapshot_budget_by_default_is_what_the_plan_leaves(tiny_model_dir) -> N
                               max_lora_adapters=1, train_micro_batch_tokens=4096)
     budget = snapshot_budget_bytes(eight_b, on_h200, default=0, capacity={"cuda:0": 141 * GiB})
     assert budget > 16.4e9  # one frozen bf16 copy of the 8.19B weights fits beside the plan
+
+
+def test_a_tensor_parallel_size_the_core_refuses_is_refused_by_the_plan() -> None:
+    """Qwen3-30B-A3B has 4 KV heads: tensor_parallel_size 8 is refused before anything loads, pointing to expert
+    parallelism over data-parallel ranks; 4 plans (its experts then whole on every rank unless spread)."""
+    from skyrl_tx.models.hf_config import decoder_config_from_dict
+    from skyrl_tx.plan.published import PUBLISHED
+
+    config = decoder_config_from_dict(PUBLISHED["Qwen/Qwen3-30B-A3B"])
+    with pytest.raises(InvalidArgumentError, match=r"KV heads \(4\); choose a divisor of 4 .*expert_parallel_size"):
+        plan_memory(config, BackendSettings(device="cuda", tensor_parallel_size=8, expert_parallel_size=8))
+    four = plan_memory(config, BackendSettings(device="cuda", tensor_parallel_size=4, expert_parallel_size=4))
+    whole = plan_memory(config, BackendSettings(device="cuda", tensor_parallel_size=4))
+    assert four.devices[0].lines["weights"] < whole.devices[0].lines["weights"] / 3  # the experts spread
