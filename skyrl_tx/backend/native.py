@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from skyrl_tx._ext import load_extension
 from skyrl_tx.backend.native_convert import (
-    PEFT_PREFIX,
     CustomLossCache,
     core_names,
     native_request,
@@ -26,7 +25,7 @@ from skyrl_tx.backend.native_convert import (
 )
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
-from skyrl_tx.models.checkpoint import load_weights, resolve_model_path
+from skyrl_tx.models.checkpoint import load_weights, resolve_model_path, stored_text_prefix
 from skyrl_tx.models.hf_config import DecoderConfig, load_decoder_config
 from skyrl_tx.models.token_bytes import eos_token_ids, token_bytes_table
 from skyrl_tx.types import (
@@ -85,6 +84,8 @@ class NativeBackend:
         self._weight_sync: Any = None  # a sampler engine's rank: its place in the trainer's sync group
         self._sync_device = "cpu"  # where that group's tensors live: this rank's CUDA device on an NCCL group
         self.decoder_config = load_decoder_config(self.model_dir)
+        # Adapters are named as the checkpoint names its text model (model.language_model.* for a vision-language one)
+        self.text_prefix = stored_text_prefix(self.model_dir)
         self._core = load_extension().Backend(
             _native_model_config(self.decoder_config),
             _native_backend_config(self.settings),
@@ -129,8 +130,8 @@ class NativeBackend:
         self._core.set_adapter_weights(adapter_id, core_names(state_dict))
 
     def adapter_state_dict(self, adapter_id: str) -> dict[str, torch.Tensor]:
-        """PEFT-named factors (what adapter_model.safetensors holds)."""
-        return {PEFT_PREFIX + k: v for k, v in self._core.get_adapter_weights(adapter_id).items()}
+        """PEFT-named factors (what adapter_model.safetensors holds), under the base checkpoint's names."""
+        return peft_names(dict(self._core.get_adapter_weights(adapter_id)), self.text_prefix)
 
     def load_peft_adapter(self, adapter_id: str, adapter_dir: Path, seed: int = 0) -> int:
         """Creates `adapter_id` from a PEFT directory (adapter_config.json + adapter_model.safetensors)."""
@@ -210,10 +211,10 @@ class NativeBackend:
 
     def trainable_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies."""
-        return peft_names(self._core.trainable_state(model_id))
+        return peft_names(self._core.trainable_state(model_id), self.text_prefix)
 
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
-        return peft_names(self._core.trainable_grads(model_id))
+        return peft_names(self._core.trainable_grads(model_id), self.text_prefix)
 
     def optimizer_state_bytes(self, model_id: str) -> int:
         """Optimizer state and pending gradients this rank holds for the model (a ZeRO-sharded full fine-tune:

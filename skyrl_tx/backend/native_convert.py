@@ -28,16 +28,29 @@ def token_tensor(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return tokens.to(torch.int64) if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens), dtype=torch.int64)
 
 
+# A vision-language checkpoint's text model (Qwen3.5 on the hub) is model.language_model.*; the core's is model.*.
+VL_TEXT_PREFIX = "model.language_model."
+
+
 def core_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """PEFT names → the core's module names. PEFT's `<module>.base_layer.weight` copies (saved when lm_head is
-    a target, meant for resized vocabularies) are skipped: the base model never changes here."""
-    return {k.removeprefix(PEFT_PREFIX): v for k, v in tensors.items() if not k.endswith(".base_layer.weight")}
+    """PEFT names → the core's module names (a vision-language checkpoint's model.language_model.* → model.*).
+    PEFT's `<module>.base_layer.weight` copies (saved when lm_head is a target, meant for resized vocabularies) are
+    skipped: the base model never changes here."""
+    out = {}
+    for name, value in tensors.items():
+        if name.endswith(".base_layer.weight"):
+            continue
+        name = name.removeprefix(PEFT_PREFIX)
+        out["model." + name.removeprefix(VL_TEXT_PREFIX) if name.startswith(VL_TEXT_PREFIX) else name] = value
+    return out
 
 
-def peft_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LoRA factors get PEFT's 'base_model.model.' prefix; full fine-tuning keeps HF names."""
+def peft_names(tensors: dict[str, torch.Tensor], text_prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """LoRA factors get PEFT's 'base_model.model.' prefix, and the base checkpoint's text-model prefix
+    (`text_prefix`: models.checkpoint.stored_text_prefix); full fine-tuning keeps HF names."""
     if any(".lora_" in name for name in tensors):
-        return {PEFT_PREFIX + k: v for k, v in tensors.items()}
+        return {PEFT_PREFIX + (text_prefix + k.removeprefix("model.") if k.startswith("model.") else k): v
+                for k, v in tensors.items()}
     return dict(tensors)
 
 

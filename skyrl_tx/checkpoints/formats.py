@@ -174,13 +174,19 @@ def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor],
 
 def hf_model_files(base_model_dir: Path, weights: dict[str, torch.Tensor],
                    dtype: torch.dtype | None = None) -> dict[str, FileData]:
-    """A Hugging Face model directory: the base model's config and tokenizer files + these weights (written in
-    `dtype` when given, else as they are)."""
+    """A Hugging Face model directory: the base model's config and tokenizer files + these weights (HF text-model
+    names; written in `dtype` when given, else as they are). Of a vision-language base (Qwen3.5 on the hub) it is
+    that checkpoint again: the weights under model.language_model.*, its other tensors copied as they are."""
     files: dict[str, FileData] = {name: (base_model_dir / name).read_bytes() for name in HF_SIDE_FILES
                                   if (base_model_dir / name).is_file()}
     config = json.loads(files.get("config.json", b"{}"))
     if config.pop("quantization_config", None) is not None:  # an FP8 base, dequantised at load: not FP8 any more
         files["config.json"] = (json.dumps(config, indent=2) + "\n").encode()
+    from skyrl_tx.models.checkpoint import as_stored_name, not_served_tensors, stored_text_prefix
+
+    prefix = stored_text_prefix(base_model_dir)
+    if prefix != "model.":  # a vision-language base: its names, and the vision tower (and mtp.*) carried over
+        weights = {as_stored_name(k, prefix): v for k, v in weights.items()} | not_served_tensors(base_model_dir)
     files[MODEL_WEIGHTS] = TensorFile(weights, cast_to=dtype)
     return files
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from skyrl_tx.backend.native_convert import PEFT_PREFIX
 from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files, write_directory
 from skyrl_tx.errors import InvalidArgumentError
-from skyrl_tx.models.checkpoint import load_weights
+from skyrl_tx.models.checkpoint import load_weights, text_model_weight_name
 
 
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> list[str]:
@@ -30,7 +30,8 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> lis
     model_config.pop("quantization_config", None)
     merged = []
     for a_name in sorted(k for k in factors if k.endswith(".lora_A.weight")):
-        module = a_name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+        # the text model's name (an adapter of a vision-language base is named model.language_model.*)
+        module = text_model_weight_name(a_name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")) or a_name
         lora_a = factors[a_name].float()  # [r, in]
         lora_b = factors[a_name.replace(".lora_A.", ".lora_B.")].float()  # [out, r]
         target = f"{module}.weight"

@@ -202,6 +202,43 @@ _TEXT_MODEL_PREFIX = "model.language_model."
 _NOT_SERVED_PREFIXES = ("model.visual.", "mtp.")
 
 
+def stored_text_prefix(model_dir: Path) -> str:
+    """How the checkpoint names its text model: "model.language_model." for a vision-language checkpoint (Qwen3.5
+    on the hub), else "model.". Exports of a model trained on it use the same names (PEFT on
+    Qwen3_5ForConditionalGeneration loads `model.language_model.layers.*`, not the text model's `model.layers.*`)."""
+    return _TEXT_MODEL_PREFIX if any(n.startswith(_TEXT_MODEL_PREFIX) for n in _stored_names(model_dir)) else "model."
+
+
+def as_stored_name(name: str, prefix: str) -> str:
+    """The text model's name `name` (model.*, lm_head.*) as a checkpoint whose text model is under `prefix` has it."""
+    return prefix + name.removeprefix("model.") if name.startswith("model.") else name
+
+
+def not_served_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The stored tensors the text model does not have (a vision tower, Qwen3.5's mtp.*), by their stored names: a
+    Hugging Face export of a vision-language checkpoint carries them over unchanged."""
+    from safetensors import safe_open
+
+    out = {}
+    for shard in safetensors_files(model_dir):
+        with safe_open(str(shard), framework="pt") as handle:
+            out |= {n: handle.get_tensor(n) for n in handle.keys() if text_model_weight_name(n) is None}
+    return out
+
+
+def _stored_names(model_dir: Path) -> list[str]:
+    from safetensors import safe_open
+
+    index = Path(model_dir) / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for shard in safetensors_files(model_dir):
+        with safe_open(str(shard), framework="pt") as handle:
+            names += list(handle.keys())
+    return names
+
+
 def text_model_weight_name(name: str) -> str | None:
     """The text model's name for a stored tensor, or None for a tensor the text model does not have."""
     if name.startswith(_NOT_SERVED_PREFIXES):

@@ -124,6 +124,60 @@ def test_vision_language_checkpoint_serves_its_text_model(path: Path, backend: N
         assert_close(got, expected, 0.0)
 
 
+def test_vision_language_checkpoint_exports_under_its_own_names(path: Path, backend: NativeBackend,
+                                                                  tmp_path: Path) -> None:
+    """A model trained on the hub's layout (Qwen3_5ForConditionalGeneration as transformers writes it: the text
+    model under model.language_model, a vision tower beside it) exports as that checkpoint names it: PEFT on
+    Qwen3_5ForConditionalGeneration loads the adapter to our logprobs (named model.layers.*, as before, PEFT left
+    every layer unadapted: 0.8 off), load_peft_adapter reads it back, and the merged export is the whole
+    vision-language checkpoint again (vision tower included), which transformers loads to the same logprobs."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
+    from skyrl_tx.checkpoints.merge import merge_adapter
+
+    text = json.loads((path / "config.json").read_text())
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 4,
+              "out_hidden_size": text["hidden_size"], "num_position_embeddings": 16}
+    vl = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config={**text, "model_type": "qwen3_5_text"},
+                                                       vision_config=vision, tie_word_embeddings=False))
+    weights = {(k if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
+               for k, v in load_file(path / "model.safetensors").items()}
+    missing, unexpected = vl.load_state_dict(weights, strict=False)
+    assert not unexpected and all(k.startswith("model.visual.") for k in missing)
+    vl_dir = tmp_path / "vl"
+    vl.save_pretrained(vl_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (vl_dir / name).write_bytes((path / name).read_bytes())
+
+    ours_vl = NativeBackend(vl_dir, BackendSettings(max_lora_adapters=2, max_lora_rank=8))
+    random_adapter(ours_vl, "export", seed=91)
+    state = ours_vl.adapter_state_dict("export")
+    vl_names = ("base_model.model.model.language_model.layers.", "base_model.model.lm_head.")
+    assert all(k.startswith(vl_names) for k in state), sorted(state)[:4]
+    write_directory(tmp_path, adapter_files(ModelMeta(str(vl_dir), RANK, ALPHA), state))
+    seq = seqs_of(backend.decoder_config.vocab_size, [40], seed=92)[0]
+    (got,) = ours(ours_vl, [seq], ["export"])
+
+    def hf_vl(model_dir: Path) -> torch.nn.Module:
+        return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+
+    assert_close(got, hf_token_logprobs(PeftModel.from_pretrained(hf_vl(vl_dir), tmp_path), seq), ATOL)
+    ours_vl.load_peft_adapter("reloaded", tmp_path)
+    assert_close(ours(ours_vl, [seq], ["reloaded"])[0], got, 0.0)
+    merge_adapter(vl_dir, tmp_path, tmp_path / "merged")
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    base = load_file(vl_dir / "model.safetensors")
+    assert sorted(merged) == sorted(base)
+    assert all(torch.equal(merged[k], base[k]) for k in base if k.startswith("model.visual."))
+    assert_close(got, hf_token_logprobs(hf_vl(tmp_path / "merged"), seq), ATOL)
+
+
 def test_qwen3_5_config_defaults_follow_transformers() -> None:
     """Without layer_types or partial_rotary_factor, Qwen3_5TextConfig's rules: a full-attention layer every
     full_attention_interval (4) layers and RoPE on a quarter of head_dim."""
