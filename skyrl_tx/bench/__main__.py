@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_weight_sync(argv[1:])
         return
+    if argv and argv[0] == "latency":
+        from skyrl_tx.bench.latency import run_latency
+
+        run_latency(argv[1:])
+        return
     if argv and argv[0] == "saves":
         from skyrl_tx.bench.saves import run_saves
 
