@@ -152,7 +152,10 @@ class NativeBackend:
                                    train_attn=bool(targets & groups["attn"]),
                                    train_mlp=bool(targets & groups["mlp"] or mlp_parameters),
                                    train_unembed=bool(targets & groups["unembed"]))
-        self.set_adapter_weights(adapter_id, load_file(str(adapter_dir / "adapter_model.safetensors")))
+        from skyrl_tx.checkpoints.peft_experts import unfuse_experts
+
+        self.set_adapter_weights(adapter_id, unfuse_experts(load_file(str(adapter_dir / "adapter_model.safetensors")),
+                                                            int(cfg["r"])))
         return slot
 
     def create_model(self, model_id: str, *, lora_rank: int, alpha: float | None = None, seed: int = 0,

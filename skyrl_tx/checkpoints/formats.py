@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from skyrl_tx.checkpoints.peft_experts import fuse_experts, needs_fused_experts, unfuse_experts
 from skyrl_tx.checkpoints.tensor_files import TensorFile
 from skyrl_tx.errors import InvalidArgumentError
 
@@ -159,8 +160,12 @@ def _safetensors_metadata(raw: bytes) -> dict[str, str]:
 
 
 def adapter_files(meta: ModelMeta, peft_state: dict[str, torch.Tensor]) -> dict[str, FileData]:
-    """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight'; float32 masters)."""
-    return {ADAPTER_CONFIG: json_bytes(peft_adapter_config(meta, peft_state)), ADAPTER_WEIGHTS: TensorFile(peft_state)}
+    """peft_state: PEFT-named factors ('base_model.model.<module>.lora_A.weight'; float32 masters). Expert factors
+    of a Qwen3.5 MoE vision-language checkpoint are written fused (peft_experts: PEFT cannot fuse them there)."""
+    config = json_bytes(peft_adapter_config(meta, peft_state))
+    if needs_fused_experts(peft_state):
+        peft_state = fuse_experts(peft_state)
+    return {ADAPTER_CONFIG: config, ADAPTER_WEIGHTS: TensorFile(peft_state)}
 
 
 def trainable_files(meta: ModelMeta, state: dict[str, torch.Tensor],
@@ -213,5 +218,8 @@ def read_meta(read: ReadFile) -> ModelMeta:
 
 
 def read_weights(read: ReadFile, meta: ModelMeta) -> dict[str, torch.Tensor]:
-    """Trainable tensors: PEFT-named factors for LoRA, HF-named parameters for full fine-tuning."""
-    return load_safetensors(read(ADAPTER_WEIGHTS if meta.is_lora else MODEL_WEIGHTS))
+    """Trainable tensors: PEFT-named factors for LoRA (expert factors per expert), HF-named parameters for full
+    fine-tuning."""
+    if meta.is_lora:
+        return unfuse_experts(load_safetensors(read(ADAPTER_WEIGHTS)), meta.lora_rank)
+    return load_safetensors(read(MODEL_WEIGHTS))

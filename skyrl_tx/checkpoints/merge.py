@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from skyrl_tx.backend.native_convert import PEFT_PREFIX
 from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_model_files, write_directory
+from skyrl_tx.checkpoints.peft_experts import unfuse_experts
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, text_model_weight_name
 
@@ -23,7 +24,7 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> lis
         raise InvalidArgumentError(f"export: {out_dir} already exists; pick a new directory")
     config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     scaling = float(config["lora_alpha"]) / float(config["r"])
-    factors = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
+    factors = unfuse_experts(load_file(str(adapter_dir / ADAPTER_WEIGHTS)), int(config["r"]))
     weights = load_weights(base_model_dir)
     model_config = json.loads((base_model_dir / "config.json").read_text())
     # An FP8 base (DeepSeek V3 as published) was dequantised by load_weights: the merged copy is not quantised.

@@ -124,43 +124,59 @@ def test_vision_language_checkpoint_serves_its_text_model(path: Path, backend: N
         assert_close(got, expected, 0.0)
 
 
-def test_vision_language_checkpoint_exports_under_its_own_names(path: Path, backend: NativeBackend,
-                                                                  tmp_path: Path) -> None:
-    """A model trained on the hub's layout (Qwen3_5ForConditionalGeneration as transformers writes it: the text
-    model under model.language_model, a vision tower beside it) exports as that checkpoint names it: PEFT on
-    Qwen3_5ForConditionalGeneration loads the adapter to our logprobs (named model.layers.*, as before, PEFT left
-    every layer unadapted: 0.8 off), load_peft_adapter reads it back, and the merged export is the whole
-    vision-language checkpoint again (vision tower included), which transformers loads to the same logprobs."""
+@pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
+def test_vision_language_checkpoint_exports_under_its_own_names(preset: str, tiny_model_dir, tmp_path: Path) -> None:
+    """A model trained on the hub's layout (Qwen3_5(Moe)ForConditionalGeneration as transformers writes it: the text
+    model under model.language_model, a vision tower beside it) exports as that checkpoint names it: PEFT on the
+    vision-language class loads the adapter to our logprobs (named model.layers.*, as before, PEFT adapted only
+    lm_head: 0.66 off; the MoE's expert factors per expert, PEFT drops them there: 0.71 off, so they are written
+    fused), load_peft_adapter and read_weights read it back, and the merged export is the whole vision-language
+    checkpoint again (vision tower included), which transformers loads to the same logprobs."""
     import json
 
     from peft import PeftModel
     from safetensors.torch import load_file
-    from transformers import AutoModelForImageTextToText, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from transformers import (
+        AutoModelForImageTextToText,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
-    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, write_directory
+    from skyrl_tx.checkpoints.formats import ModelMeta, adapter_files, read_weights, write_directory
     from skyrl_tx.checkpoints.merge import merge_adapter
 
-    text = json.loads((path / "config.json").read_text())
+    text_dir = tiny_model_dir(preset)
+    text = json.loads((text_dir / "config.json").read_text())
+    moe = "num_experts" in text
+    config_cls, model_cls = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe else
+                             (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
     vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 4,
               "out_hidden_size": text["hidden_size"], "num_position_embeddings": 16}
-    vl = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config={**text, "model_type": "qwen3_5_text"},
-                                                       vision_config=vision, tie_word_embeddings=False))
-    weights = {(k if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
-               for k, v in load_file(path / "model.safetensors").items()}
+    text_config = {**text, "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text"}
+    vl = model_cls(config_cls(text_config=text_config, vision_config=vision, tie_word_embeddings=False))
+    weights = {(k if k.startswith("lm_head.") else k.replace("model.", "model.language_model.", 1)): v
+               for k, v in load_hf_model(text_dir).state_dict().items()}
     missing, unexpected = vl.load_state_dict(weights, strict=False)
     assert not unexpected and all(k.startswith("model.visual.") for k in missing)
     vl_dir = tmp_path / "vl"
     vl.save_pretrained(vl_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        (vl_dir / name).write_bytes((path / name).read_bytes())
+        (vl_dir / name).write_bytes((text_dir / name).read_bytes())
 
     ours_vl = NativeBackend(vl_dir, BackendSettings(max_lora_adapters=2, max_lora_rank=8))
     random_adapter(ours_vl, "export", seed=91)
     state = ours_vl.adapter_state_dict("export")
     vl_names = ("base_model.model.model.language_model.layers.", "base_model.model.lm_head.")
     assert all(k.startswith(vl_names) for k in state), sorted(state)[:4]
-    write_directory(tmp_path, adapter_files(ModelMeta(str(vl_dir), RANK, ALPHA), state))
-    seq = seqs_of(backend.decoder_config.vocab_size, [40], seed=92)[0]
+    meta = ModelMeta(str(vl_dir), RANK, ALPHA)
+    write_directory(tmp_path, adapter_files(meta, state))
+    saved = load_file(tmp_path / "adapter_model.safetensors")
+    assert any(k.endswith(".mlp.experts.base_layer.lora_A.weight") for k in saved) == moe
+    read_back = read_weights(lambda name: (tmp_path / name).read_bytes(), meta)
+    assert sorted(read_back) == sorted(state) and all(torch.equal(read_back[k], state[k]) for k in state)
+    seq = seqs_of(ours_vl.decoder_config.vocab_size, [40], seed=92)[0]
     (got,) = ours(ours_vl, [seq], ["export"])
 
     def hf_vl(model_dir: Path) -> torch.nn.Module:
