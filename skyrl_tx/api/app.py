@@ -201,6 +201,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app.state.architecture = architecture
     app.state.engine_failed = None  # set when the engine could not start (healthz says so)
     app.state.key_metrics = metrics.keys  # routes report accepted tokens per key (api/key_metrics.py)
+    app.state.metrics = metrics  # retrieve_future counts a long poll that was not woken (api/routes/futures.py)
     # forward / forward_backward sequences longer than the model's positions are refused at the edge
     app.state.max_positions = load_decoder_config(model_dir).max_position_embeddings
     install_error_handlers(app)

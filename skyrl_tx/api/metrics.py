@@ -31,7 +31,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    300.0, 600.0)
 # Engine counters that arrive as totals since the engine started: /metrics adds their increase, so they stay
 # monotonic across engine restarts.
-ENGINE_TOTALS = ("tokens_trained", "tokens_sampled", "database_errors")
+ENGINE_TOTALS = ("tokens_trained", "tokens_sampled", "database_errors", "missed_wakeups", "sweeps")
 QUEUE_STATES = (FutureStatus.PENDING.value, FutureStatus.RUNNING.value)
 
 
@@ -78,6 +78,15 @@ class Metrics:
                                       registry=r)
         self.database_errors = Counter("skyrl_tx_database_errors", "Database errors (integrity errors of "
                                        "idempotent retries excluded), by process", ["process"], registry=r)
+        # The hot path's guard (tests/api/test_hot_path.py): work found by a poll interval instead of its wake-up.
+        self.missed_wakeups = Counter("skyrl_tx_engine_missed_wakeups", "Requests the engine found by its idle poll "
+                                      "interval after a wake-up was missed (should stay 0; --engine external has no "
+                                      "wake-ups, so there it counts every request)", registry=r)
+        self.sweeps = Counter("skyrl_tx_engine_sweeps", "Periodic sweeps (session expiry, checkpoint TTLs, futures "
+                              "retention), run beside the engine loop", registry=r)
+        self.long_poll_missed_wakeups = Counter(
+            "skyrl_tx_long_poll_missed_wakeups", "retrieve_future long polls that found their future finished on a "
+            "database recheck instead of being woken by the engine's notification (should stay 0)", registry=r)
         self.adapter_slots = Gauge("skyrl_tx_adapter_slots", "LoRA adapter slots (max_lora_adapters)", ["state"],
                                    registry=r)
         self.full_model_slots = Gauge("skyrl_tx_full_model_slots", "Full fine-tuning model copies "

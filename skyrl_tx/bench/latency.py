@@ -6,7 +6,8 @@ beside `--hogs` busy-looping processes. Each step splits into phases from the se
 (the API stored the request -> the engine claimed it), engine (claimed -> its result stored) and outside (the rest of
 the round trip: HTTP, parsing and storing the request, the long poll's wake-up, the SDK), for each of the step's two
 requests. The peer is the same step on an in-process backend (no HTTP, database or SDK), run in the same session.
-Reported: p50 / p90 / p99 of each, and p90 / p50 and p99 / p50 of the step (the issue's targets: 2x and 4x).
+Reported: p50 / p90 / p99 of each, and p90 / p50 and p99 / p50 of the step (the issue's targets: 2x and 4x); with
+--steps 2000 or more, also the median step of each thousand (is a step's cost independent of the futures before it?).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from skyrl_tx.bench.report import write_json
 EXAMPLES = [("banana split", "anana-bay plit-say"), ("quantum physics", "uantum-qay ysics-phay"),
             ("donut shop", "onut-day op-shay"), ("pickle jar", "ickle-pay ar-jay")]
 RANK = 32
+HISTORY_BLOCK = 1000  # --steps of 2000 and more also report each thousand steps' median (two requests per step)
 
 
 def _hog() -> None:
@@ -115,6 +117,10 @@ def phases(seconds: list[float], data_dir: Path, steps: int) -> dict[str, dict[s
     timings = server_timings(data_dir)
     fb, opt = timings.get("forward_backward", [])[-steps:], timings.get("optim_step", [])[-steps:]
     out = {"step": _stats(seconds)}
+    if len(seconds) >= 2 * HISTORY_BLOCK:  # per-step cost against history: medians of each block of steps
+        blocks = [seconds[i:i + HISTORY_BLOCK] for i in range(0, len(seconds) - HISTORY_BLOCK + 1, HISTORY_BLOCK)]
+        out["step by history"] = {f"steps {i * HISTORY_BLOCK}-{(i + 1) * HISTORY_BLOCK - 1} p50_ms":
+                                  percentile(block, 0.5) * 1e3 for i, block in enumerate(blocks)}
     if len(fb) == len(opt) == len(seconds):
         for name, rows in (("forward_backward", fb), ("optim_step", opt)):
             out[f"{name} queue"] = _stats([s - c for c, s, _ in rows])
@@ -154,7 +160,9 @@ def run_latency(argv: list[str]) -> dict[str, Any]:
         print(f"\n{label}: step p50 {step['p50_ms']:.1f} ms, p90 {step['p90_ms']:.1f} ms, p99 {step['p99_ms']:.1f} ms "
               f"(p90/p50 {step['p90_ms'] / step['p50_ms']:.2f}, p99/p50 {step['p99_ms'] / step['p50_ms']:.2f})")
         for phase, stats in table.items():
-            if phase != "step":
+            if phase == "step by history":
+                print("  " + ", ".join(f"{k.removesuffix(' p50_ms')}: {v:.1f} ms" for k, v in stats.items()))
+            elif phase != "step":
                 print(f"  {phase:<26} p50 {stats['p50_ms']:7.2f}  p90 {stats['p90_ms']:7.2f}  "
                       f"p99 {stats['p99_ms']:7.2f} ms")
     if args.json:

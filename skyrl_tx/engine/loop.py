@@ -67,6 +67,10 @@ class EngineLoop:
         self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
         self.order = SeqOrder(session_factory)  # per-model seq_id progress and the gaps waited on
         self.had_pending = True  # whether the last scan left requests it could not run yet
+        # The oldest request the last scan found that the scan before had not (None: none new): engine/runner.py
+        # counts a missed wake-up when one waited a whole idle poll interval with nobody waking the engine.
+        self.last_scan_new_oldest: datetime | None = None
+        self._last_pending_ids: set[str] = set()
         settings = getattr(backend, "settings", None)
         self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
         self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
@@ -122,6 +126,9 @@ class EngineLoop:
         if scan_pending:
             with self.database.connect() as db:  # read-only Core rows, no ORM identity map
                 pending = list(db.execute(future_queries.PENDING))
+            new = [f.created_at for f in pending if f.id not in self._last_pending_ids]
+            self.last_scan_new_oldest = min(new) if new else None
+            self._last_pending_ids = {f.id for f in pending}
         ran = 0
         by_model: dict[str, list[FutureRow]] = defaultdict(list)
         creates, samples = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,29 +45,46 @@ def run_engine(loop: EngineLoop, stop: threading.Event, wake: threading.Event,
     loop.recover()
     loop.stats.recovered()  # the replay's compute is not counted as tokens trained
     on_ready()
-    next_sweep = time.monotonic() + SWEEP_EVERY_S
-    scan, last_scan = True, 0.0
+    sweeps = threading.Thread(target=run_sweeps, args=(loop, stop, wake), name="skyrl-tx-engine-sweeps", daemon=True)
+    sweeps.start()
+    scan, last_scan, idle_timed_out = True, 0.0, False
     while not stop.is_set():
+        woken = wake.is_set()
         if scan:  # cleared before the scan: a request stored after it sets it again
             wake.clear()
             last_scan = time.monotonic()
         try:
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + SWEEP_EVERY_S
-                loop.expire_sessions()
-                retention.maybe_sweep(loop)  # finished futures past futures_retention_hours, in bounded batches
             worked = loop.step(scan_pending=scan)
+            oldest = loop.last_scan_new_oldest
+            if scan and idle_timed_out and not woken and oldest is not None and (
+                    datetime.now(timezone.utc) - oldest).total_seconds() >= IDLE_WAIT_S:
+                loop.stats.missed_wakeups += 1  # it waited a whole poll interval: its wake-up never came
             loop.stats.maybe_report()
         except Exception:  # noqa: BLE001 - the loop restarts; failed requests already carry their error
             log.exception("engine step failed; continuing")
             worked = False
+        idle_timed_out = False
         if not worked:
-            wake.wait(IDLE_WAIT_S)
+            idle_timed_out = not wake.wait(IDLE_WAIT_S)
             scan = True
             continue
         # While only samples are decoding, skip the database scan on each token unless a request arrived
         # (wake) or IDLE_WAIT_S passed (an engine without wake-ups, --engine external).
         scan = loop.had_pending or wake.is_set() or time.monotonic() - last_scan >= IDLE_WAIT_S
+
+
+def run_sweeps(loop: EngineLoop, stop: threading.Event, wake: threading.Event) -> None:
+    """The engine's periodic work, on a thread of its own so no request waits behind it: silent sessions' models are
+    asked to unload (the engine is woken to run those requests), expired checkpoints deleted, finished futures past
+    the retention pruned in bounded batches. It touches the database and the checkpoint store, never the backend."""
+    while not stop.wait(SWEEP_EVERY_S):
+        try:
+            if loop.expire_sessions():
+                wake.set()
+            retention.maybe_sweep(loop)
+            loop.stats.sweeps += 1
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.exception("engine sweep failed; the next one runs in %.0fs", SWEEP_EVERY_S)
 
 
 class EngineRunner:

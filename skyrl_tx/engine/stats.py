@@ -105,6 +105,11 @@ class EngineStats:
         self.run = os.urandom(4).hex()  # tells the API a restarted engine (its totals start again from 0)
         self.started_at = time.time()
         self.database_errors = 0
+        # A request found by a scan that followed an idle wait which timed out without a wake-up: its wake-up was
+        # missed and the poll interval recovered it (must stay 0; tests/api/test_hot_path.py). And the periodic
+        # sweeps run (engine/runner.py run_sweeps, beside the loop).
+        self.missed_wakeups = 0
+        self.sweeps = 0
         if database is not None:
             event.listen(database, "handle_error", self._on_database_error)
 
@@ -135,7 +140,8 @@ class EngineStats:
     def snapshot(self) -> dict[str, Any]:
         s = self._settings
         stats: dict[str, Any] = {"run": self.run, "started_at": self.started_at,
-                                 "database_errors": self.database_errors}
+                                 "database_errors": self.database_errors, "missed_wakeups": self.missed_wakeups,
+                                 "sweeps": self.sweeps}
         b = self.backend
         if b is not None:
             lora = sum(1 for is_lora in b.models.values() if is_lora)

@@ -139,6 +139,35 @@ def test_counters_move_by_exactly_the_requests_sent(tinker_env: str, service_cli
 
 
 
+def test_the_hot_path_waits_on_no_poll_interval(tinker_env: str, service_client: Any) -> None:
+    """Issue 42's guard, by count instead of by time: a training loop (forward_backward and optim_step pipelined, as
+    the quickstart sends them) and samples are picked up by the engine's wake-up and answered by its notification.
+    No request waits out the engine's idle poll interval, and no long poll finds its result by a database recheck
+    (either would be a missed wake-up: a 50 ms to 1 s stall). The periodic sweeps run beside the loop."""
+    url = tinker_env
+    before = wait_for(url, lambda s: True)
+    training = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    batch = [datum([5, 17, 300, 42, 7, 99, 1000]), datum([11, 12, 13, 14])]
+    steps = 20
+    for _ in range(steps):
+        forward_backward = training.forward_backward(batch, "cross_entropy")
+        optim = training.optim_step(types.AdamParams(learning_rate=1e-3))
+        forward_backward.result()
+        optim.result()
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    for seed in range(4):
+        sampler.sample(types.ModelInput.from_ints([5, 17, 300]), num_samples=1,
+                       sampling_params=types.SamplingParams(max_tokens=4, seed=seed)).result()
+    trained = steps * sum(d.model_input.length for d in batch)
+
+    def delta(samples: Samples, name: str) -> float:
+        return value(samples, name) - value(before, name)
+
+    after = wait_for(url, lambda s: delta(s, "skyrl_tx_tokens_trained_total") >= trained)  # a report after the loop
+    assert delta(after, "skyrl_tx_engine_missed_wakeups_total") == 0
+    assert delta(after, "skyrl_tx_long_poll_missed_wakeups_total") == 0
+
+
 def test_an_engine_restart_is_counted_and_totals_stay_monotonic(preset_cache: Any) -> None:
     """kill -9 of the engine: the restart counter moves by one, the new engine's report rebuilds the slot gauge from
     the models it recovered, and tokens trained before the kill are not lost from the total."""

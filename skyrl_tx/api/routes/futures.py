@@ -150,7 +150,11 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, who: Ca
             # Woken by the engine: it handed over what it stored. A recheck reads the database.
             future = waiter.outcome
             if future is None or future.result is RESULT_IN_DATABASE:  # a recheck, or a result left out of the wake-up
+                rechecked = future is None
                 future = await asyncio.to_thread(_load, request, body.request_id)
+                if rechecked and settings.engine != "external" and future is not None and future.status not in (
+                        FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
+                    request.app.state.metrics.long_poll_missed_wakeups.inc()  # finished, and nobody woke this poll
         return _render(future, request.headers.get("accept", ""))
     finally:
         waiters.unregister(body.request_id, waiter)
