@@ -116,17 +116,18 @@ def phases(seconds: list[float], data_dir: Path, steps: int) -> dict[str, dict[s
     optim_step per step)."""
     timings = server_timings(data_dir)
     fb, opt = timings.get("forward_backward", [])[-steps:], timings.get("optim_step", [])[-steps:]
-    out = {"step": _stats(seconds)}
-    if len(seconds) >= 2 * HISTORY_BLOCK:  # per-step cost against history: medians of each block of steps
-        blocks = [seconds[i:i + HISTORY_BLOCK] for i in range(0, len(seconds) - HISTORY_BLOCK + 1, HISTORY_BLOCK)]
-        out["step by history"] = {f"steps {i * HISTORY_BLOCK}-{(i + 1) * HISTORY_BLOCK - 1} p50_ms":
-                                  percentile(block, 0.5) * 1e3 for i, block in enumerate(blocks)}
+    series = {"step": seconds}
     if len(fb) == len(opt) == len(seconds):
         for name, rows in (("forward_backward", fb), ("optim_step", opt)):
-            out[f"{name} queue"] = _stats([s - c for c, s, _ in rows])
-            out[f"{name} engine"] = _stats([d - s for _, s, d in rows])
-        out["outside the engine"] = _stats([t - ((fd - fc) + max(od - fd, 0.0))
-                                            for t, (fc, _, fd), (_, _, od) in zip(seconds, fb, opt)])
+            series[f"{name} queue"] = [s - c for c, s, _ in rows]
+            series[f"{name} engine"] = [d - s for _, s, d in rows]
+        series["outside the engine"] = [t - ((fd - fc) + max(od - fd, 0.0))
+                                        for t, (fc, _, fd), (_, _, od) in zip(seconds, fb, opt)]
+    out: dict[str, Any] = {name: _stats(values) for name, values in series.items()}
+    if len(seconds) >= 2 * HISTORY_BLOCK:  # per-step cost against history: each block of steps' medians
+        starts = range(0, len(seconds) - HISTORY_BLOCK + 1, HISTORY_BLOCK)
+        out["by history"] = {name: [percentile(values[i:i + HISTORY_BLOCK], 0.5) * 1e3 for i in starts]
+                             for name, values in series.items()}
     return out
 
 
@@ -160,8 +161,10 @@ def run_latency(argv: list[str]) -> dict[str, Any]:
         print(f"\n{label}: step p50 {step['p50_ms']:.1f} ms, p90 {step['p90_ms']:.1f} ms, p99 {step['p99_ms']:.1f} ms "
               f"(p90/p50 {step['p90_ms'] / step['p50_ms']:.2f}, p99/p50 {step['p99_ms'] / step['p50_ms']:.2f})")
         for phase, stats in table.items():
-            if phase == "step by history":
-                print("  " + ", ".join(f"{k.removesuffix(' p50_ms')}: {v:.1f} ms" for k, v in stats.items()))
+            if phase == "by history":
+                print(f"  median of each {HISTORY_BLOCK} steps, in order:")
+                for name, medians in stats.items():
+                    print(f"    {name:<24} " + " ".join(f"{m:7.2f}" for m in medians) + " ms")
             elif phase != "step":
                 print(f"  {phase:<26} p50 {stats['p50_ms']:7.2f}  p90 {stats['p90_ms']:7.2f}  "
                       f"p99 {stats['p99_ms']:7.2f} ms")
