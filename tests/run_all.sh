@@ -71,6 +71,13 @@ if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
   cmake --build build/cpu-only --target _C
 fi
 
+if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
+  # The wheel users install: packaged from build/py (no recompile), installed into a fresh venv without a compiler,
+  # serving the quickstart from outside the checkout (~2 min, mostly torch's download; the venv is removed after).
+  step "wheel (dist/): fresh venv, quickstart"
+  PY="$PY" tests/support/wheel_check.sh
+fi
+
 step "docs (mkdocs build --strict)"
 # The docs site (mkdocs.yml, docs/): a broken link or anchor, or a page missing from the nav, fails the run. The
 # packages are pinned as in the `test` extra; the site is built outside the checkout and removed.
