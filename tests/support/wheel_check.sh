@@ -11,9 +11,12 @@ PY=${PY:-$ROOT/.venv/bin/python}
 BUILD_ARGS=(${SKYRL_TX_WHEEL_BUILD_ARGS:--Cbuild-dir=build/py -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON})
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/skyrl_tx_wheel.XXXXXX")
 SERVER_PID=""
-cleanup() {
-  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
-  rm -rf "$WORK"
+cleanup() {  # never fails: the script's own status is the verdict
+  if [ -n "$SERVER_PID" ]; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK" || true
 }
 trap cleanup EXIT
 
