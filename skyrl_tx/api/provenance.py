@@ -8,7 +8,8 @@ Every loss: a datum's `model_input_spans` must tile its input tokens and its `lo
 of the training model's own session (recorded sequences belong to the session that sampled them, as the Tinker docs
 say), finished and not expired. The span's positions must be in range and hold, token for token, what that sample's
 prompt or sampled tokens hold there (the targets' prompt runs only in range: they carry no loss, and the cookbook
-pads them with 0). The record is the sample's own future (its prompt and result). It expires a day after its last
+pads them with 0), and the datum's `logprobs` at a sampled run must be the ones the server recorded for those tokens
+(within 1e-4): the sampler-side logprobs the loss reads are the server's own. The record is the sample's own future (its prompt and result). It expires a day after its last
 use by a datum, or a day after its completion if no datum named it yet (STABILITY_RECORD_TTL); each accepted use
 restarts that day (db StabilityUseRecord; engine/retention.py keeps the futures of unexpired records).
 
@@ -27,6 +28,8 @@ from skyrl_tx.db.models import STABILITY_RECORD_TTL, FutureRecord, FutureStatus,
 from skyrl_tx.errors import InvalidArgumentError
 
 SPAN_FIELDS = ("model_input_spans", "loss_fn_input_spans")
+# stable_reinforce: how far a datum's sampler logprob may be from the server's record of it (the SDK sends float32)
+LOGPROB_TOLERANCE = 1e-4
 
 
 def _field_tokens(datum: dict[str, Any], field: str) -> np.ndarray | None:
@@ -80,6 +83,8 @@ def check_provenance(db: Connection, data: list[dict[str, Any]], kind: str, loss
                 if tokens is not None and not (field == "loss_fn_input_spans" and span["kind"] == "prompt"):
                     _check_same_tokens(tokens[position:position + span["length"]], recorded[span["offset"]:end],
                                        position, span, where)
+                if field == "loss_fn_input_spans" and span["kind"] == "sampled":
+                    _check_sampler_logprobs(datum, records, span, position, where)
                 position += span["length"]
     _mark_used(db, named, now)
 
@@ -90,6 +95,31 @@ def _check_same_tokens(claimed: np.ndarray, recorded: list[int], position: int, 
         if have != want:
             raise InvalidArgumentError(f"{where}, but the datum's token at position {position + k} is {have} where "
                                        f"the sequence's {span['kind']} token {span['offset'] + k} is {want}")
+
+
+def _check_sampler_logprobs(datum: dict[str, Any], records: dict[str, dict[str, Any]], span: dict[str, Any],
+                            position: int, where: str) -> None:
+    """The sampler-side logprobs the loss reads (the datum's `logprobs` at a sampled run) must be what the server's
+    record of that sample holds, within LOGPROB_TOLERANCE: the client cannot train on sampling numerics the server
+    never produced."""
+    claimed = datum["loss_fn_inputs"].get("logprobs")
+    if claimed is None:
+        raise InvalidArgumentError(f"{where}, but the datum has no loss_fn_inputs['logprobs']: stable_reinforce reads "
+                                   "the sampler's logprobs there; copy them from the SampledSequence")
+    request_id, _, index_text = span["sequence_id"].rpartition(":")
+    recorded = records[request_id]["result"]["sequences"][int(index_text)].get("logprobs")
+    if recorded is None:
+        raise InvalidArgumentError(f"{where}, whose record holds no logprobs: sample it again with "
+                                   "record_stability_info=True")
+    want = np.asarray(recorded[span["offset"]:span["offset"] + span["length"]], dtype=np.float64)
+    have = np.asarray(claimed["values"][position:position + span["length"]], dtype=np.float64)
+    off = np.flatnonzero(~(np.abs(have - want) <= LOGPROB_TOLERANCE))
+    if off.size:
+        k = int(off[0])
+        raise InvalidArgumentError(
+            f"{where}, but the datum's logprobs at position {position + k} is {have[k]:.6g} where the server recorded "
+            f"{want[k]:.6g} for the sequence's sampled token {span['offset'] + k} (tolerance {LOGPROB_TOLERANCE:g}): "
+            "send the SampledSequence's own logprobs")
 
 
 def _records(db: Connection, request_ids: set[str], session_id: str) -> dict[str, dict[str, Any]]:

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 import tinker
@@ -69,6 +70,23 @@ def test_recorded_sequences_train_with_stable_reinforce(trainer: Any, recorded: 
     result = trainer.forward_backward([datum(s) for s in recorded], "stable_reinforce").result(timeout=120)
     assert len(result.loss_fn_outputs) == 2
     assert all(v == v and abs(v) < float("inf") for v in result.metrics.values()), result.metrics
+
+
+def test_sampler_logprobs_other_than_the_recorded_ones_are_refused(trainer: Any,
+                                                                  recorded: list[types.SampledSequence]) -> None:
+    """The sampler-side logprobs stable_reinforce reads must be what the server recorded for the sampled tokens
+    (within 1e-4): one nudged by 0.01 is a user error naming the datum, the position and both values."""
+    seq = recorded[0]
+    good = datum(seq)
+    nudged = list(good.loss_fn_inputs["logprobs"].tolist())
+    position = len(PROMPT) - 1 + 2  # the third sampled token
+    nudged[position] += 0.01
+    bad = types.Datum(model_input=good.model_input,
+                      loss_fn_inputs={**good.loss_fn_inputs, "logprobs": types.TensorData.from_numpy(
+                          np.asarray(nudged, dtype=np.float32))},
+                      model_input_spans=good.model_input_spans, loss_fn_input_spans=good.loss_fn_input_spans)
+    refused(trainer, [good, bad], "datum 1 loss_fn_input_spans", seq.sequence_id, f"position {position}",
+            "the server recorded")
 
 
 def test_a_span_naming_an_unknown_sequence_is_a_user_error_naming_it(trainer: Any,
