@@ -131,7 +131,8 @@ def serve(args: argparse.Namespace) -> int:
     settings.validate()  # before loading anything: e.g. a non-loopback --host without --auth keys stops here
     model_dir = resolve_model_path(args.base_model)
     app = create_app(settings, model_dir, load_decoder_config(model_dir).architecture)
-    log.info("listening on http://%s:%d", args.host, args.port)
+    log.info("listening on http://%s:%d (API reference: http://%s:%d/docs)", args.host, args.port, args.host,
+             args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -367,6 +368,8 @@ def export_merged(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "command", None) != "db":  # `skyrl-tx db` shows each migration step; the rest log one line
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # else a line per plugin at import and per step
     try:
         return args.func(args)
     except SkyrlTxError as exc:

@@ -154,7 +154,7 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     # on no hub, while a path works offline wherever the client sees the directory (README: Tokenizers).
     settings = settings.also_serving(str(model_dir))
     database_url = settings.database_url or default_database_url()
-    migrate.upgrade(database_url)  # migrations are the only way the schema is created
+    log.info("%s", migrate.upgrade_quietly(database_url))  # migrations are the only way the schema is created
     engine = make_engine(database_url)
     session_factory = make_session_factory(engine)
     waiters = FutureWaiters()

@@ -7,6 +7,8 @@ This is the only way the schema is created: `metadata.create_all` is never calle
 
 from __future__ import annotations
 
+import logging
+
 import importlib.resources
 import re
 import tempfile
@@ -64,6 +66,23 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
     """Migrates the database at `url` up to `revision` (creating it, for SQLite, if missing)."""
     ensure_sqlite_directory(url)
     command.upgrade(make_config(url), revision)
+
+
+def upgrade_quietly(url: str | URL) -> str:
+    """upgrade() to head without Alembic's per-step INFO lines; returns the one line a server logs about it."""
+    ensure_sqlite_directory(url)
+    before = current(url)
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        upgrade(url)
+    finally:
+        alembic_log.setLevel(level)
+    after = current(url)
+    shown = normalize_url(url).render_as_string(hide_password=True)
+    change = "up to date" if before == after else f"migrated from {before or 'an empty database'}"
+    return f"database: {shown} at revision {after} ({change})"
 
 
 def downgrade(url: str | URL, revision: str) -> None:

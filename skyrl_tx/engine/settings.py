@@ -63,6 +63,8 @@ class EngineSettings:
         from skyrl_tx.backend.factory import make_backend
         from skyrl_tx.models.hf_config import load_decoder_config
         from skyrl_tx.plan.capacity import check_fits
+        from skyrl_tx.plan.inventory import model_params
+        from skyrl_tx.plan.memory import plan_memory
 
         # A layout whose memory plan exceeds a device's whole memory is refused here, naming the key to change,
         # instead of running out of memory minutes into the load or the first step (skyrl_tx/plan/).
@@ -73,8 +75,11 @@ class EngineSettings:
         backend = make_backend(Path(self.model_dir), backend_settings)  # data-parallel ranks when configured
         try:
             cfg = backend.decoder_config
-            log.info("model loaded: %s (%d layers, hidden %d, vocab %d) in %.1fs", cfg.architecture,
-                     cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, time.perf_counter() - started)
+            plan = plan_memory(cfg, backend_settings).devices[0]
+            log.info("model loaded: %s (%d layers, hidden %d, vocab %d; %s parameters, %s of %s weights on %s) "
+                     "in %.1fs", cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size,
+                     _count(sum(p.numel for p in model_params(cfg))), _size(plan.lines["weights"]),
+                     backend_settings.dtype, backend_settings.device, time.perf_counter() - started)
             self._serve(backend, stop, wake, notify, on_ready)
         finally:
             # Stops the processes the backend started (data-parallel ranks, sampler engines: told to stop, joined,
@@ -95,3 +100,15 @@ class EngineSettings:
         loop = build_loop(backend, sessions, store, Path(self.model_dir), notify, self.session_timeout_s,
                           external_inference_url=self.external_inference_url)
         run_engine(loop, stop, wake, on_ready=on_ready)
+
+
+def _count(n: int) -> str:
+    """1234567 -> '1.23M' (parameters in a log line)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -242,6 +242,9 @@ def _write_model(preset: TinyPreset, out: Path, max_shard_size: str | int | None
     save_kwargs: dict[str, Any] = {"safe_serialization": True}
     if max_shard_size is not None:
         save_kwargs["max_shard_size"] = max_shard_size
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" would land in the server's start-up output
     model.to(getattr(torch, dtype)).save_pretrained(out, **save_kwargs)
     _patch_legacy_rope_keys(out / "config.json", preset)
 

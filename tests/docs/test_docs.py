@@ -112,3 +112,15 @@ def test_runnable_block_runs_against_a_live_server(docs_server: ServerUrl, prese
     output = f"{where}\nstdout:\n{result.stdout}\nstderr (tail):\n{result.stderr[-4000:]}"
     assert exited_cleanly(result.returncode, result.stderr), output
     assert "FutureWarning" not in result.stderr, output
+
+
+def test_start_up_output_is_one_line_per_stage(docs_server: ServerUrl) -> None:
+    """Issue 41 item 5: a newcomer reads the server's start-up as one line per stage (database, listening with the
+    docs URL, threads, memory plan, model loaded with its size and device, engine ready), without Alembic's per-plugin
+    and per-migration INFO lines or a progress bar."""
+    text = docs_server.log_path.read_text()
+    head = text[:text.index("engine ready")]
+    assert "alembic" not in head and "Writing model shards" not in head, head
+    for stage in ("skyrl_tx.api: database: ", " at revision ", "listening on http://", "/docs)", "threads: intra-op",
+                  "memory plan (skyrl-tx plan", "model loaded: ", " parameters, ", " weights on cpu"):
+        assert head.count(stage) == 1, (stage, head)
