@@ -101,7 +101,7 @@ def test_without_keys_whoami_is_the_local_owner_of_every_session(tinker_env: str
         assert me.name == "local" and me.key_id == 0 and "--auth none" in me.note
         logout = http.delete(f"{tinker_env}/api/v1/auth/apikey/me", headers={"X-API-Key": "tml-anything"})
         assert logout.status_code == 400 and "no key to delete" in logout.json()["message"]
-    rest = tinker.RestClient()  # TINKER_BASE_URL from tinker_env
+    rest = tinker.RestClient(base_url=tinker_env)  # named: the SDK reuses a RestClient holder across servers
     session_id = service_client.holder.get_session_id()
     assert session_id in rest.list_sessions(limit=1000).result().sessions
     got = rest.get_session(session_id).result()
