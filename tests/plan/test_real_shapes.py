@@ -85,7 +85,7 @@ def test_lora_step_sample_save_export_reload_and_peak_within_plan(server, model_
     assert after.sum() > before.sum()  # the step trained the adapter on these tokens
     assert (after - before).abs().mean() > 3 * BF16_MEAN_ERROR  # by more than the exports may differ below
 
-    sampler = client.save_weights_and_get_sampling_client(name="real-shape")
+    sampler = client.save_weights_and_get_sampling_client().result()
     sample = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:8]), num_samples=2,
                             sampling_params=types.SamplingParams(max_tokens=6, temperature=0.0)).result()
     assert [len(s.tokens) for s in sample.sequences] == [6, 6]
@@ -94,7 +94,7 @@ def test_lora_step_sample_save_export_reload_and_peak_within_plan(server, model_
     reloaded = service.create_training_client_from_state(path).result()
     torch.testing.assert_close(_logprobs(reloaded, TOKENS), after, atol=0, rtol=0)
 
-    rest = service.create_rest_client()
+    rest = tinker.RestClient(base_url=server)
     adapter = download(rest.get_external_weights_urls(client.save_weights_external("peft").result().path)
                        .result().urls, tmp_path / "adapter")
     peft_model = PeftModel.from_pretrained(load_hf_model(model_dir), str(adapter)).eval()
