@@ -92,8 +92,14 @@ def runnable_blocks() -> list[tuple[str, str]]:
     return [(where, code) for code, where in seen.items()]
 
 
-def test_docs_have_runnable_blocks() -> None:
-    assert any(where.startswith("docs/getting-started.md") for where, _ in runnable_blocks())
+def test_every_python_example_runs() -> None:
+    """Every ```python block of the site and the README is marked to run (and so runs below against a live
+    server): an example that needs context it does not build itself would go stale unseen."""
+    blocks = runnable_blocks()
+    assert any(where.startswith("docs/getting-started.md") for where, _ in blocks)
+    for path in [*sorted(DOCS.rglob("*.md")), REPO / "README.md"]:
+        text = path.read_text()
+        assert text.count("```python") == len(BLOCK.findall(text)), f"{path}: a ```python block without {RUN_MARKER}"
 
 
 @pytest.fixture(scope="module")
