@@ -64,21 +64,19 @@ class EngineSettings:
         from skyrl_tx.models.hf_config import load_decoder_config
         from skyrl_tx.plan.capacity import check_fits
         from skyrl_tx.plan.inventory import model_params
-        from skyrl_tx.plan.memory import plan_memory
 
         # A layout whose memory plan exceeds a device's whole memory is refused here, naming the key to change,
         # instead of running out of memory minutes into the load or the first step (skyrl_tx/plan/).
-        check_fits(load_decoder_config(Path(self.model_dir)), backend_settings)
+        trainer_plan = check_fits(load_decoder_config(Path(self.model_dir)), backend_settings).devices[0]
         started = time.perf_counter()
         log.info("loading base model %s from %s (dtype=%s, device=%s)", self.base_model, self.model_dir,
                  backend_settings.dtype, backend_settings.device)
         backend = make_backend(Path(self.model_dir), backend_settings)  # data-parallel ranks when configured
         try:
             cfg = backend.decoder_config
-            plan = plan_memory(cfg, backend_settings).devices[0]
             log.info("model loaded: %s (%d layers, hidden %d, vocab %d; %s parameters, %s of %s weights on %s) "
                      "in %.1fs", cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size,
-                     _count(sum(p.numel for p in model_params(cfg))), _size(plan.lines["weights"]),
+                     _count(sum(p.numel for p in model_params(cfg))), _size(trainer_plan.lines["weights"]),
                      backend_settings.dtype, backend_settings.device, time.perf_counter() - started)
             self._serve(backend, stop, wake, notify, on_ready)
         finally:
