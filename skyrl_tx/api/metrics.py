@@ -78,7 +78,7 @@ class Metrics:
                                       registry=r)
         self.database_errors = Counter("skyrl_tx_database_errors", "Database errors (integrity errors of "
                                        "idempotent retries excluded), by process", ["process"], registry=r)
-        # The hot path's guard (tests/api/test_hot_path.py): work found by a poll interval instead of its wake-up.
+        # The hot path's guard (tests/api/test_metrics.py): work found by a poll interval instead of its wake-up.
         self.missed_wakeups = Counter("skyrl_tx_engine_missed_wakeups", "Requests the engine found by its idle poll "
                                       "interval after a wake-up was missed (should stay 0; --engine external has no "
                                       "wake-ups, so there it counts every request)", registry=r)

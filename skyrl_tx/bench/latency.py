@@ -33,7 +33,6 @@ HISTORY_BLOCK = 1000  # --steps of 2000 and more also report each thousand steps
 
 
 def _hog() -> None:
-    os.nice(0)
     while True:  # a busy loop, as `yes > /dev/null` is
         pass
 
@@ -65,8 +64,11 @@ def _datums(tokenizer: Any) -> list[Any]:
     return out
 
 
-def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[float], list[list[int]]]:
-    """Round-trip seconds of each step, and each step's token lists (for the in-process peer)."""
+Example = tuple[list[int], list[int], list[float]]  # a datum's input tokens, target tokens and weights
+
+
+def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[float], list[Example]]:
+    """Round-trip seconds of each step, and the step's datums (for the in-process peer)."""
     os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
     import tinker
     from tinker import types
@@ -84,19 +86,17 @@ def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[
             optim.result()
             if step >= warmup:
                 seconds.append(time.perf_counter() - start)
-        return seconds, [d.model_input.to_ints() for d in data] + [d.loss_fn_inputs["target_tokens"].tolist()
-                                                                    for d in data]
+        return seconds, [(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist(),
+                          d.loss_fn_inputs["weights"].tolist()) for d in data]
 
 
-def in_process_steps(base_model: str, token_lists: list[list[int]], steps: int, warmup: int) -> list[float]:
+def in_process_steps(base_model: str, examples: list[Example], steps: int, warmup: int) -> list[float]:
     """The same step on a NativeBackend in this process: the engine's compute with nothing in front of it."""
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.bench.timing import timed
     from skyrl_tx.types import AdamParams, Datum, TrainRequest
 
-    half = len(token_lists) // 2
-    data = [Datum(inputs, {"target_tokens": targets, "weights": [1.0] * len(targets)})
-            for inputs, targets in zip(token_lists[:half], token_lists[half:])]
+    data = [Datum(inputs, {"target_tokens": targets, "weights": weights}) for inputs, targets, weights in examples]
     backend = NativeBackend.from_name(base_model)
     backend.create_model("bench", lora_rank=RANK, seed=0)
 
@@ -145,14 +145,14 @@ def run_latency(argv: list[str]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     runs: dict[str, Any] = {}
-    token_lists: list[list[int]] = []
+    examples: list[Example] = []
     for label, hog_count in (("idle", 0), (f"{args.hogs} CPU hog(s)", args.hogs)):
         if label != "idle" and not args.hogs:
             continue
         with hogs(hog_count), server(args.base_model, 1) as live:
-            seconds, token_lists = sdk_steps(live.url, args.base_model, args.steps, args.warmup)
+            seconds, examples = sdk_steps(live.url, args.base_model, args.steps, args.warmup)
             runs[label] = phases(seconds, live.data_dir, args.steps)
-    runs["in-process engine (peer)"] = {"step": _stats(in_process_steps(args.base_model, token_lists, args.steps,
+    runs["in-process engine (peer)"] = {"step": _stats(in_process_steps(args.base_model, examples, args.steps,
                                                                         args.warmup))}
     report = {"benchmark": "latency", "base_model": args.base_model, "steps": args.steps, "runs": runs,
               "method": __doc__.split("Method: ", 1)[1].strip().replace("\n", " ")}

@@ -56,7 +56,8 @@ class PendingSave:
 
 
 class Checkpointer:
-    """Used only from the engine thread (it calls the backend), except `write`, which the save worker runs."""
+    """Used only from the engine thread (it calls the backend), except `write`, which the save worker runs, and
+    `expire`, which the engine's sweep thread runs (database and store only; engine/runner.py run_sweeps)."""
 
     def __init__(self, backend: Any, store: CheckpointStore, sessions: sessionmaker[Session], model_dir: Path):
         self.backend = backend

@@ -106,7 +106,7 @@ class EngineStats:
         self.started_at = time.time()
         self.database_errors = 0
         # A request found by a scan that followed an idle wait which timed out without a wake-up: its wake-up was
-        # missed and the poll interval recovered it (must stay 0; tests/api/test_hot_path.py). And the periodic
+        # missed and the poll interval recovered it (must stay 0; tests/api/test_metrics.py). And the periodic
         # sweeps run (engine/runner.py run_sweeps, beside the loop).
         self.missed_wakeups = 0
         self.sweeps = 0

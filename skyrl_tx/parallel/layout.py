@@ -132,15 +132,19 @@ def sampler_device(settings: BackendSettings, index: int) -> str:
     return f"cuda:{first + trainer_ranks_here + index * settings.inference_engine_tensor_parallel_size}"
 
 
+def trainer_ranks_on_node(settings: BackendSettings) -> int:
+    """The trainer ranks of one node (the engine's included): the layout's ranks spread evenly over its nodes."""
+    ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
+    return max(1, ranks // max(settings.num_processes, 1))
+
+
 def engine_node_processes(settings: BackendSettings) -> int:
     """The processes on the engine's node that compute, each with its share of the node's cores (engine/threads.py):
     its trainer ranks (the engine process is rank 0) and, with colocate_all false, every sampler engine rank (they
     all run on the engine's node)."""
-    ranks = settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
-    trainer = ranks // max(settings.num_processes, 1)
     samplers = 0 if settings.colocate_all else (settings.num_inference_engines
                                                 * settings.inference_engine_tensor_parallel_size)
-    return max(1, trainer) + samplers
+    return trainer_ranks_on_node(settings) + samplers
 
 
 def weight_sync_on_cuda(settings: BackendSettings) -> bool:

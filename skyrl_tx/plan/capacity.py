@@ -12,6 +12,7 @@ from pathlib import Path
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.hf_config import DecoderConfig
+from skyrl_tx.parallel.layout import trainer_ranks_on_node
 from skyrl_tx.plan.memory import GiB, KNOBS, LABELS, MemoryPlan, plan_memory
 
 log = logging.getLogger("skyrl_tx.plan")
@@ -58,13 +59,11 @@ def check_fits(config: DecoderConfig, settings: BackendSettings, capacity: dict[
     capacity = capacities(plan) if capacity is None else capacity
     by_device: dict[str, int] = {}
     for d in plan.devices:
-        share = d.total
-        if d.device == "cpu" and d.role.startswith("trainer"):  # every trainer rank of this node is a process
-            share *= max(settings.fully_sharded_data_parallel_size * settings.tensor_parallel_size
-                         // max(settings.num_processes, 1), 1)
-        key = "cpu" if d.device == "cpu" else d.device
-        by_device[key] = by_device.get(key, 0) + share
-    trainer = plan.devices[0]
+        processes = 1  # a GPU device holds one rank; on the CPU every rank of this node is a process of its own
+        if d.device == "cpu":
+            processes = (trainer_ranks_on_node(settings) if d.role.startswith("trainer")
+                         else settings.inference_engine_tensor_parallel_size)
+        by_device[d.device] = by_device.get(d.device, 0) + d.total * processes
     log.info("memory plan (skyrl-tx plan shows each line): %s", ", ".join(
         f"{d.role} on {d.device} {d.total / GiB:.2f} GiB" for d in plan.devices))
     for device, need in by_device.items():
