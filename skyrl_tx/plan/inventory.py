@@ -114,7 +114,14 @@ def _moe(c: DecoderConfig, p: str) -> list[Param]:
     return out
 
 
-def layer_params(c: DecoderConfig, index: int) -> list[Param]:
+def mlp_kinds(c: DecoderConfig) -> list[str]:
+    """"dense" or "moe" per layer, by the architecture's layout rule (models/architectures.py)."""
+    return mlp_layout(BY_ARCHITECTURE[c.architecture], c.num_hidden_layers, num_experts=c.num_experts,
+                      decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=c.mlp_only_layers,
+                      first_k_dense_replace=c.first_k_dense_replace)
+
+
+def layer_params(c: DecoderConfig, index: int, mlp_kind: str) -> list[Param]:
     spec = BY_ARCHITECTURE[c.architecture]
     p = f"model.layers.{index}"
     kinds = c.layer_types or ()
@@ -124,10 +131,7 @@ def layer_params(c: DecoderConfig, index: int) -> list[Param]:
         mixer = _mla(c, f"{p}.self_attn")
     else:
         mixer = _gqa(c, f"{p}.self_attn", gated=spec.attention == "gated_gqa")
-    layout = mlp_layout(spec, c.num_hidden_layers, num_experts=c.num_experts,
-                        decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=c.mlp_only_layers,
-                        first_k_dense_replace=c.first_k_dense_replace)
-    mlp = _moe(c, f"{p}.mlp") if layout[index] == "moe" else _swiglu(c, f"{p}.mlp", c.intermediate_size)
+    mlp = _moe(c, f"{p}.mlp") if mlp_kind == "moe" else _swiglu(c, f"{p}.mlp", c.intermediate_size)
     norms = [Param(f"{p}.input_layernorm.weight", (c.hidden_size,), REPLICATED),
              Param(f"{p}.post_attention_layernorm.weight", (c.hidden_size,), REPLICATED)]
     return mixer + mlp + norms
@@ -136,8 +140,8 @@ def layer_params(c: DecoderConfig, index: int) -> list[Param]:
 def model_params(c: DecoderConfig) -> list[Param]:
     """Every tensor of the model (tied embeddings once), in hub names."""
     out = [Param("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), VOCAB)]
-    for i in range(c.num_hidden_layers):
-        out += layer_params(c, i)
+    for i, kind in enumerate(mlp_kinds(c)):
+        out += layer_params(c, i, kind)
     out.append(Param("model.norm.weight", (c.hidden_size,), REPLICATED))
     if not c.tie_word_embeddings:
         out.append(Param("lm_head.weight", (c.vocab_size, c.hidden_size), VOCAB, lora=True))

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InvalidArgumentError
-from skyrl_tx.models.architectures import BY_ARCHITECTURE, mlp_layout
+from skyrl_tx.models.architectures import BY_ARCHITECTURE
 from skyrl_tx.models.hf_config import DecoderConfig
-from skyrl_tx.plan.inventory import EXPERT, lora_linears, model_params
+from skyrl_tx.plan.inventory import EXPERT, lora_linears, mlp_kinds, model_params
 
 GiB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -116,9 +116,7 @@ def _activation_bytes_per_token(config: DecoderConfig, dtype_bytes: int, tp: int
     product (MoE: each routed copy of a token), in the compute dtype."""
     c = config
     spec = BY_ARCHITECTURE[c.architecture]
-    layout = mlp_layout(spec, c.num_hidden_layers, num_experts=c.num_experts,
-                        decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=c.mlp_only_layers,
-                        first_k_dense_replace=c.first_k_dense_replace)
+    layout = mlp_kinds(c)
     per_layer = []
     for i in range(c.num_hidden_layers):
         if c.layer_types and c.layer_types[i] == "linear_attention":
@@ -159,9 +157,7 @@ def check_tensor_parallel(config: DecoderConfig, tp: int) -> None:
     if tp == 1:
         return
     spec = BY_ARCHITECTURE[config.architecture]
-    layout = mlp_layout(spec, config.num_hidden_layers, num_experts=config.num_experts,
-                        decoder_sparse_step=config.decoder_sparse_step, mlp_only_layers=config.mlp_only_layers,
-                        first_k_dense_replace=config.first_k_dense_replace)
+    layout = mlp_kinds(config)
     widths = {"attention heads": config.num_attention_heads}
     if spec.attention != "mla":
         widths["KV heads"] = config.num_key_value_heads
