@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_saves(argv[1:])
         return
+    if argv and argv[0] == "sampling-load":
+        from skyrl_tx.bench.sampling_load import run_sampling_load
+
+        run_sampling_load(argv[1:])
+        return
     if argv and argv[0] == "idle-sessions":
         from skyrl_tx.bench.idle_sessions import run_idle_sessions
 

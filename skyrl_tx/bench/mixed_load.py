@@ -75,7 +75,7 @@ def _role_process(conn: Any, url: str, base_model: str, role: str, count: int, m
             clients = [service.create_lora_training_client(base_model=base_model, rank=8).result()
                        for _ in range(count)]
         else:
-            clients = [service.create_sampling_client(base_model=base_model) for _ in range(count)]
+            clients = [service.create_sampling_client(base_model=base_model).result() for _ in range(count)]
         conn.send("ready")
         while (seconds := conn.recv()) is not None:
             conn.send(_run_role(role, clients, seconds, max_tokens))
