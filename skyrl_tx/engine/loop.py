@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -16,10 +15,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from skyrl_tx.db import future_queries, unload_requests
 from skyrl_tx.db.future_queries import FutureOutcome, FutureRow, Notify
 from skyrl_tx.db.session import bound_engine
-from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SamplingSessionRecord,
-                                SessionRecord, SessionStatus)
-from skyrl_tx.engine import executor, recovery_state, replay, snapshots
+from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, ModelStatus, SessionRecord,
+                                SessionStatus)
+from skyrl_tx.engine import executor, recovery_state, replay
 from skyrl_tx.engine.checkpointing import Checkpointer
+from skyrl_tx.engine.decode_share import DEFAULT_SAMPLING_SHARE, DecodeShare
+from skyrl_tx.engine.outcomes import error as _error, named as _named
+from skyrl_tx.engine.sample_runs import SampleRuns
+from skyrl_tx.engine.save_steps import SaveSteps
 from skyrl_tx.engine.seq_order import SeqOrder
 from skyrl_tx.engine.stats import EngineStats
 from skyrl_tx.errors import ConflictError, ErrorCode, NotFoundError, SkyrlTxError, UnimplementedError
@@ -27,33 +30,10 @@ from skyrl_tx.errors import ConflictError, ErrorCode, NotFoundError, SkyrlTxErro
 log = logging.getLogger("skyrl_tx.engine")
 
 TRAIN_TYPES = ("forward_backward", "forward")  # batched across models; everything else is a per-model barrier
-# Training and sampling share the device: after a training pass of T s, decoding is owed T * share / (1 - share)
-# s (backend-config sampling_share), paid before the next pass, so that neither starves the other.
-DEFAULT_SAMPLING_SHARE = 0.5
-MAX_DECODE_CREDIT_S = 10.0  # bounds what one very long training pass can make the next one wait
-DECODE_SLICE_S = 0.05  # decode this long at most between scans, so new samples join the running batch
 MAX_ATTEMPTS = 3  # engine crashes a single request may cause before it is failed instead of retried
 
 
-def _writes_files(f: FutureRow) -> bool:
-    """Saves that write a checkpoint directory (an unnamed sampler snapshot lives in memory only)."""
-    return f.request_type in ("save_weights", "save_weights_external") or (
-        f.request_type == "save_weights_for_sampler" and not f.request.get("sampling_session_id"))
-
-
-def _named(f: FutureRow) -> str:
-    """A request in the engine's log: its future id and the X-Request-Id the API logged for it (api/request_ids.py)."""
-    request_id = getattr(f, "request_id", None)
-    return f"{f.id} request_id={request_id}" if request_id else f.id
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, SkyrlTxError):
-        return {"category": exc.category, "message": exc.message, "code": exc.code.value}
-    return {"category": "server", "message": f"internal error: {type(exc).__name__}", "code": "internal"}
-
-
-class EngineLoop:
+class EngineLoop(SaveSteps):
     """Single owner of the backend. `notify(outcomes)` is told which futures just finished, and how."""
 
     def __init__(self, backend: Any, session_factory: sessionmaker[Session], checkpointer: Checkpointer,
@@ -64,7 +44,6 @@ class EngineLoop:
         self.database = bound_engine(session_factory)  # Core connections for the per-request statements
         self.notify = notify
         self.session_timeout_s = session_timeout_s
-        self._sampling: dict[int, FutureRow] = {}  # backend sample id → its (detached) future
         self.order = SeqOrder(session_factory)  # per-model seq_id progress and the gaps waited on
         self.had_pending = True  # whether the last scan left requests it could not run yet
         # The oldest request the last scan found that the scan before had not (None: none new): engine/runner.py
@@ -72,13 +51,13 @@ class EngineLoop:
         self.last_scan_new_oldest: datetime | None = None
         self._last_pending_ids: set[str] = set()
         settings = getattr(backend, "settings", None)
-        self.sampling_share = float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE))
-        self._decode_credit_s = 0.0  # decode time owed to samplers by the training that ran meanwhile
+        # The device-time split between training and decoding (engine/decode_share.py)
+        self.share = DecodeShare(float(getattr(settings, "sampling_share", DEFAULT_SAMPLING_SHARE)))
         self.arrived: Callable[[], bool] = lambda: False  # whether a request arrived since the last scan (run_engine)
-        # Streaming samples (the OpenAI endpoint's stream: true): after each decode step, the tokens each sample
-        # gained go to `report_progress([(future id, [new tokens per sample])])` where the notify callable has one.
-        self._report_progress = getattr(notify, "report_progress", None)
-        self._streams: dict[int, list[int]] = {}  # backend sample id → tokens already reported, per sample
+        # The running samples (engine/sample_runs.py); streaming ones report their tokens to the notify callable's
+        # report_progress where it has one.
+        self._sampling = SampleRuns(backend, checkpointer, self._finish_many, _error,
+                                    getattr(notify, "report_progress", None))
         self.stats = EngineStats.attach(self)  # for /metrics (engine/stats.py)
 
     def expire_sessions(self) -> list[str]:
@@ -150,21 +129,23 @@ class EngineLoop:
         for f in creates:
             self._run_single(f, self._create_model if f.request_type == "create_model" else self._create_custom_loss)
             ran += 1
-        if self._decode_credit_s <= 0 or not self._sampling:  # else decoding is owed time: training waits
-            started = time.perf_counter()
-            trained = self._run_training(by_model)
+        if self.share.training_may_run(bool(self._sampling)):  # else decoding is owed time: training waits
             # Optim steps and other barriers at the head of their model's queue: training-side time too.
-            trained += self._run_barriers([queue[0] for queue in by_model.values()
-                                           if queue and queue[0].request_type not in TRAIN_TYPES])
-            if trained:
-                owed = (time.perf_counter() - started) * self.sampling_share / (1.0 - self.sampling_share)
-                self._decode_credit_s = min(self._decode_credit_s + owed, MAX_DECODE_CREDIT_S)
-            ran += trained
+            ran += self.share.train(lambda: self._run_training(by_model) + self._run_barriers(
+                [queue[0] for queue in by_model.values() if queue and queue[0].request_type not in TRAIN_TYPES]))
         if scan_pending:
             # Requests left waiting (behind a barrier that just ran, or a seq_id gap) need another scan; when
             # everything found ran, only a wake-up (a new request) does.
             self.had_pending = ran < len(pending)
-        return self._decode() or ran > 0
+        return self.share.decode(self._sampling.advance, lambda: bool(self._sampling), self.arrived) or ran > 0
+
+    @property
+    def sampling_share(self) -> float:
+        return self.share.share
+
+    @sampling_share.setter
+    def sampling_share(self, share: float) -> None:
+        self.share.share = share
 
     def _in_order(self, model_id: str, queue: list[FutureRow]) -> list[FutureRow]:
         """The part of a model's sorted queue that may run now (engine/seq_order.py); what never can is failed."""
@@ -264,96 +245,6 @@ class EngineLoop:
             return self.checkpointer.load_into(request["model_id"], request["path"], bool(request["optimizer"]))
         raise UnimplementedError(f"{f.request_type}: not supported by this server yet")
 
-    def _save_for_sampler(self, f: FutureRow) -> dict[str, Any]:
-        request = f.request
-        snapshot_id = request.get("sampling_session_id") or request["path"]
-        if not request.get("sampling_session_id"):  # named: on disk (PEFT / HF format) and in memory
-            result = self.checkpointer.save(request)
-            self.checkpointer.remove_snapshot(snapshot_id)  # an overwrite: the old frozen weights are stale
-            self.checkpointer.snapshot(request["model_id"], snapshot_id)
-            with self.sessions() as db:
-                snapshots.release_old_snapshots(self.backend, db, request["model_id"], self.checkpointer)
-            return result
-        self.checkpointer.snapshot(request["model_id"], snapshot_id)
-        with self.sessions.begin() as db:
-            model = db.get(ModelRecord, request["model_id"])
-            inflight = bool(request.get("inflight"))
-            db.add(SamplingSessionRecord(id=snapshot_id, session_id=model.session_id, base_model=model.base_model,
-                                         model_id=model.id, snapshot_id=snapshot_id, inflight=inflight))
-            if inflight:  # every inflight client of the model samples this snapshot from now on
-                model.inflight_snapshot_id = snapshot_id
-            db.flush()
-            snapshots.release_old_snapshots(self.backend, db, model.id, self.checkpointer)
-        return {"sampling_session_id": snapshot_id}
-
-    # ---- background saves (engine/background_saves.py) ---------------------------------------------
-    # A save that writes files takes host copies of the model's state on this thread, then serialises, writes and
-    # uploads them on the save worker, so other models' training and all sampling go on meanwhile. The saving
-    # model's later requests wait until the save is stored, although the copy already makes them safe for the
-    # files: were they to run first, an engine crash during the write would rerun the save after them on
-    # restart (replay rebuilds completed requests only) and save newer state under the old name.
-    def _run_saves(self, by_model: dict[str, list[FutureRow]]) -> int:
-        """Stores the saves that finished writing, then starts the file saves at the head of a model's queue.
-        Returns how many queued requests it started."""
-        self._store_finished_saves()
-        started = 0
-        for model_id, queue in by_model.items():
-            if self.checkpointer.saves.busy(model_id):
-                queue.clear()  # this model waits for its save
-                continue
-            first = next((i for i, f in enumerate(queue) if _writes_files(f)), None)
-            if first is None:
-                continue
-            if first > 0:  # what precedes the save runs in this step; the save starts in the next one
-                del queue[first:]
-                continue
-            f = queue.pop(0)
-            queue.clear()
-            self._start_save(f)
-            started += 1
-        return started
-
-    def _start_save(self, f: FutureRow) -> None:
-        if not self._mark_running([f]):
-            return
-        request = f.request
-        try:
-            pending = self.checkpointer.begin_save(request)
-            if f.request_type == "save_weights_for_sampler":  # named: also frozen in memory, from this moment
-                snapshot_id = request["path"]
-                self.checkpointer.remove_snapshot(snapshot_id)  # an overwrite: the old frozen weights are stale
-                self.checkpointer.snapshot(request["model_id"], snapshot_id)
-                with self.sessions() as db:
-                    snapshots.release_old_snapshots(self.backend, db, request["model_id"], self.checkpointer)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the future's error
-            if not isinstance(exc, SkyrlTxError):
-                log.exception("request %s (%s) failed", _named(f), f.request_type)
-            self._finish(f, error=_error(exc))
-            return
-        self.checkpointer.saves.submit(f.model_id or request["model_id"], (f, pending),
-                                       lambda: self.checkpointer.write(pending))
-
-    def _store_finished_saves(self) -> int:
-        """The futures of saves whose files are completely written (or failed) complete now, in one batch."""
-        done = []
-        for (f, pending), size, error in self.checkpointer.saves.finished():
-            try:
-                result = self.checkpointer.end_save(pending, size, error)
-            except Exception as exc:  # noqa: BLE001
-                if f.request_type == "save_weights_for_sampler":
-                    try:  # not saved: its path must not sample weights that were never listed
-                        self.checkpointer.remove_snapshot(str(pending.path))
-                    except ConflictError:
-                        pass
-                done.append((f, None, _error(exc)))
-                continue
-            if f.request_type != "save_weights_for_sampler":
-                result = {**result, "type": f.request_type}
-            done.append((f, result, None))
-        if done:
-            self._finish_many(done)
-        return len(done)
-
     def _create_custom_loss(self, f: FutureRow) -> dict[str, Any]:
         """Rebuilds the graph from the core's allow-list once, so a refused operation fails create_custom_loss (a
         user error naming the node) rather than every forward_backward that would use it."""
@@ -399,70 +290,11 @@ class EngineLoop:
             self.backend.remove_model(r["model_id"])
             raise
 
-    # ---- sampling ------------------------------------------------------------------------------
+    # ---- sampling (engine/sample_runs.py) ----------------------------------------------------------
     def _submit_samples(self, futures: list[FutureRow]) -> None:
         """The scan's new samples join the running batch; marked running in one transaction."""
         for f in self._mark_running(futures):
-            self._submit_sample(f)
-
-    def _submit_sample(self, f: FutureRow) -> None:
-        try:
-            weights_id = f.request.get("weights_id", "")
-            if ":sample:" in weights_id and not self.checkpointer.has_snapshot(weights_id):
-                raise snapshots.released_error(weights_id)
-            self.checkpointer.ensure_snapshot(weights_id)
-            backend_id = self.backend.submit_sample(executor.sample_request(f.request))
-            self._sampling[backend_id] = f
-            if f.request.get("stream") and self._report_progress is not None and hasattr(self.backend,
-                                                                                          "sample_progress"):
-                self._streams[backend_id] = []
-        except Exception as exc:  # noqa: BLE001 - stored on the future, never raised into the loop
-            self._finish(f, error=_error(exc))
-
-    def _decode(self) -> bool:
-        """One decode step, then more while decoding is owed device time by the training passes before it (the
-        sampling_share), in slices of at most DECODE_SLICE_S so that new samples join the batch between them."""
-        if not self._sampling:
-            self._decode_credit_s = 0.0  # nothing to decode: training owes nobody
-            return False
-        deadline = time.perf_counter() + DECODE_SLICE_S
-        while True:
-            started = time.perf_counter()
-            self._advance_sampling()
-            self._decode_credit_s = max(self._decode_credit_s - (time.perf_counter() - started), 0.0)
-            if (self._decode_credit_s <= 0 or not self._sampling or time.perf_counter() >= deadline
-                    or self.arrived()):  # a new request (often the next sample of a client just served): scan
-                return True
-
-    def _advance_sampling(self) -> bool:
-        if not self._sampling:
-            return False
-        done = []
-        for backend_id, result in self.backend.sample_step():
-            self._streams.pop(backend_id, None)
-            f = self._sampling.pop(backend_id, None)
-            if f is not None and getattr(result, "error", None) is not None:  # types.FailedSample
-                done.append((f, None, _error(result.error)))
-            elif f is not None:
-                done.append((f, executor.sample_result(result, f.request), None))
-        if done:  # every sample that finished in this step: one transaction, one notification
-            self._finish_many(done)
-        if self._streams:
-            self._report_stream_progress()
-        return True
-
-    def _report_stream_progress(self) -> None:
-        """The tokens each streaming sample gained in this step (its final result still comes as its outcome)."""
-        items = []
-        for backend_id, so_far in self.backend.sample_progress(list(self._streams)).items():
-            sent = self._streams[backend_id]
-            sent.extend([0] * (len(so_far) - len(sent)))
-            new = [tokens[already:] for tokens, already in zip(so_far, sent)]
-            if any(new):
-                items.append((self._sampling[backend_id].id, new))
-                self._streams[backend_id] = [len(tokens) for tokens in so_far]
-        if items:
-            self._report_progress(items)
+            self._sampling.submit(f)
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _run_single(self, f: FutureRow, fn: Callable[[FutureRow], dict[str, Any]],

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from skyrl_tx.engine import loop as engine_loop
-from skyrl_tx.engine.loop import MAX_DECODE_CREDIT_S, EngineLoop
+from skyrl_tx.engine import decode_share
+from skyrl_tx.engine.decode_share import MAX_DECODE_CREDIT_S
+from skyrl_tx.engine.loop import EngineLoop
 
 from engine_rows import DATUM, add, create, future, results
 
@@ -25,7 +26,8 @@ SAMPLES = 4
 
 
 class EngineClock:
-    """Stands in for the `time` module the engine loop reads (it calls only time.perf_counter)."""
+    """Stands in for the `time` module the engine loop's share of decoding reads (engine/decode_share.py: it calls only
+    time.perf_counter)."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -39,7 +41,7 @@ def schedule(loop: EngineLoop, monkeypatch: pytest.MonkeyPatch, share: float, pa
     """Decode steps between consecutive training passes, while a trainer sends its next forward_backward as soon as
     the last one finished and SAMPLES samples decode throughout."""
     clock = EngineClock()
-    monkeypatch.setattr(engine_loop, "time", clock)
+    monkeypatch.setattr(decode_share, "time", clock)
     calls: list[str] = []
 
     def ticking(kind: str, fn: Callable[..., Any], seconds: float) -> Callable[..., Any]:
