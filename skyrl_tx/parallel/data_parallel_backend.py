@@ -4,8 +4,10 @@ change to the local worker ranks it starts (one process per device), which run t
 Rank 0 (the engine process) is the only rank that talks to the database; the workers only mirror calls. The
 C++ core does the parallel math (backend/data_parallel.h: rows split by tokens, outputs and gradients summed;
 optim/zero_adamw.h: a full fine-tune's gradients and moments sharded), so every rank holds the same weights after
-every call; what only reads weights (trainable_state, snapshots, sampling) runs on rank 0 alone. A call is sent
-to the workers over a Gloo control group, then run:
+every call; what only reads weights (trainable_state, token_logprobs) runs on rank 0 alone. Colocated sampling is
+shared: each data-parallel replica decodes a share of the sample requests with its own KV cache, the sampler
+snapshots mirrored to every rank (parallel/sampling_share.py). A call is sent to the workers over a Gloo control
+group, then run:
 - collective calls (forward_backward, forward, optim_step, and reading a full model's sharded optimizer state or
   gradients) run on all ranks at once (their errors are decided before any collective, the same on every rank);
 - other state changes (create/remove models, set weights or optimizer state) run on rank 0 first and are mirrored
@@ -14,9 +16,10 @@ Every mirrored call ends with each worker's outcome gathered to rank 0: ranks th
 are a RanksDiverged error, and the engine restarts the whole group and recovers as after a crash.
 
 Tensor parallelism (tensor_parallel_size T > 1), or experts spread over the data-parallel ranks: each rank holds its
-part of the weights, so everything that computes with them or reads them whole is collective too (sampling, logprobs,
-reading weights), and what changes the sampling state (snapshots, submitted samples) is mirrored. Every replica runs
-them, not only rank 0's: every rank then keeps the same state, and there is one code path for every layout.
+part of the weights, so everything that computes with them or reads them whole is collective too (logprobs, reading
+weights), and what changes the sampling state (snapshots) is mirrored. With T > 1 a replica's T ranks decode its
+share together. Experts spread over the data-parallel ranks make every decode step collective over all of them, so
+there every rank decodes every request (submitted samples mirrored, steps collective), as one replica.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import InternalError, InvalidArgumentError
 from skyrl_tx.parallel.layout import RankLayout
+from skyrl_tx.parallel.sampling_share import SAMPLING_COMMAND, ReplicaSampler, SamplingShare, StepAnswer
 
 log = logging.getLogger("skyrl_tx.parallel")
 
@@ -47,6 +51,8 @@ TENSOR_PARALLEL_COLLECTIVE_CALLS = ("trainable_state", "adapter_state_dict", "fr
                                     "sample", "token_logprobs", "join_weight_sync", "receive_weights")
 TENSOR_PARALLEL_MIRRORED_CALLS = ("snapshot", "load_snapshot", "load_frozen_model", "remove_snapshot",
                                   "submit_sample")
+# Shared sampling (data-parallel replicas that each decode a share): every replica samples every snapshot.
+SHARED_SAMPLING_MIRRORED_CALLS = ("snapshot", "load_snapshot", "load_frozen_model", "remove_snapshot")
 COLLECTIVE_TIMEOUT_S = 600.0  # a rank waiting this long inside a step for the others: a dead or hung rank
 IDLE_FOREVER = datetime.timedelta(days=365)  # the control group: workers wait for the next call however long
 
@@ -93,7 +99,7 @@ def _join_rank(model_dir: str, settings: dict[str, Any], layout: RankLayout, ran
                             expert_parallel=data_parallel if backend_settings.experts_over_data_parallel else None)
     if data_parallel is not None:
         backend.attach_collectives(data_parallel)
-    return _Channel(backend, control)
+    return _Channel(backend, control, replica=rank // layout.tensor_parallel)
 
 
 def _worker_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str) -> None:
@@ -125,10 +131,11 @@ class _Channel:
     """The control plane: commands from rank 0 and outcomes back, as Python objects on a Gloo group (the data
     plane, the groups the core's collectives use, is NCCL on GPUs)."""
 
-    def __init__(self, backend: Any, control: Any):
+    def __init__(self, backend: Any, control: Any, replica: int = 0):
         import torch.distributed as td
 
         self.backend, self.td, self.control = backend, td, control
+        self.sampler = ReplicaSampler(backend, replica)  # this rank's share of sampling (parallel/sampling_share.py)
         self._check_same_everywhere()
 
     def _check_same_everywhere(self) -> None:
@@ -161,26 +168,47 @@ class _Channel:
         self.td.all_gather_object(outcomes, mine, group=self.control)
         return outcomes
 
+    def gather_answers(self, mine: StepAnswer) -> list[StepAnswer]:
+        answers: list[Any] = [None] * self.td.get_world_size()
+        self.td.all_gather_object(answers, mine, group=self.control)
+        return answers
+
     def serve(self) -> None:
         while (command := self.receive()) is not None:
             method, args, kwargs = command
+            if method == SAMPLING_COMMAND:  # its errors are in the answer
+                self.gather_answers(self.sampler.step(*args, **kwargs))
+                continue
             error = None
             try:
                 getattr(self.backend, method)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - reported to rank 0, which decides
                 error = exc
             self.gather_outcomes(_outcome(error))
+        log.info("rank %d stops: it decoded %d sampled sequences (replica %d's share)", self.td.get_rank(),
+                 self.sampler.decoded, self.sampler.replica)
 
 
 class DataParallelBackend:
     """Rank 0's backend (a NativeBackend plus the workers). Same interface as NativeBackend."""
 
-    def __init__(self, local: Any, channel: _Channel, workers: list[Any], sharded: bool = False):
+    def __init__(self, local: Any, channel: _Channel, workers: list[Any], sharded: bool = False,
+                 replicas: int = 1, tensor_parallel: int = 1, share_sampling: bool = False):
         """sharded: no rank holds the whole model (tensor parallelism, or experts spread over the data-parallel
-        ranks), so sampling and reading weights run on every rank."""
+        ranks), so reading weights runs on every rank. share_sampling: each of the `replicas` data-parallel replicas
+        (of `tensor_parallel` ranks) decodes a share of the sample requests; else every rank decodes every request
+        when sharded, rank 0 alone when not."""
         self._local, self._channel, self._workers = local, channel, workers
         self._collective = COLLECTIVE_CALLS + (TENSOR_PARALLEL_COLLECTIVE_CALLS if sharded else ())
         self._mirrored_calls = MIRRORED_CALLS + (TENSOR_PARALLEL_MIRRORED_CALLS if sharded else ())
+        self._replicas, self._tp = replicas, tensor_parallel
+        self._share: SamplingShare | None = None
+        if share_sampling:
+            self._collective = tuple(c for c in self._collective if c != "sample_step")
+            self._mirrored_calls = tuple(c for c in self._mirrored_calls if c != "submit_sample") + tuple(
+                c for c in SHARED_SAMPLING_MIRRORED_CALLS if c not in self._mirrored_calls)
+            self._share = SamplingShare(channel.sampler, replicas, tensor_parallel, int(local.settings.seed),
+                                        self._exchange_step)
 
     @classmethod
     def start(cls, model_dir: Path, settings: BackendSettings) -> DataParallelBackend:
@@ -196,8 +224,11 @@ class DataParallelBackend:
                  "pid %d, local workers %s); collectives on %s", layout.world, layout.data_parallel,
                  layout.tensor_parallel, layout.processes, layout.coordinator_address, os.getpid(),
                  [w.pid for w in workers], td.get_backend())
+        # Sampler engines (colocate_all false) sample snapshots elsewhere: the trainer's ranks keep no copies then.
+        share = layout.data_parallel > 1 and not settings.experts_over_data_parallel and settings.colocate_all
         return cls(channel.backend, channel, workers,
-                   sharded=layout.tensor_parallel > 1 or settings.experts_over_data_parallel)
+                   sharded=layout.tensor_parallel > 1 or settings.experts_over_data_parallel,
+                   replicas=layout.data_parallel, tensor_parallel=layout.tensor_parallel, share_sampling=share)
 
     def _mirrored(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -244,10 +275,67 @@ class DataParallelBackend:
             raise AttributeError(name)
         if name in self._collective or name in self._mirrored_calls:
             return lambda *args, **kwargs: self._mirrored(name, *args, **kwargs)
-        return getattr(self._local, name)  # reads and sampling: rank 0 alone
+        return getattr(self._local, name)  # reads (and sampling, unless shared or sharded): rank 0 alone
+
+    # ---- sampling: shared by the replicas (parallel/sampling_share.py), else as __getattr__ routes it --------
+    def submit_sample(self, request: Any) -> int:
+        if self._share is None:
+            return self.__getattr__("submit_sample")(request)
+        return self._share.submit(request)
+
+    def sample_step(self) -> list[tuple[int, Any]]:
+        if self._share is None:
+            return self.__getattr__("sample_step")()
+        try:
+            return self._share.step()
+        except Exception as exc:  # noqa: BLE001 - a rank's step broke the group: a crash, as for any call
+            if _group_broken(exc) or any(not w.is_alive() for w in self._workers):
+                self._crash("sample_step", exc)
+            raise
+
+    def sample_progress(self, sample_ids: Any) -> dict[int, list[list[int]]]:
+        if self._share is None:
+            return self._local.sample_progress(sample_ids)
+        return self._share.progress(sample_ids)
+
+    def sampling_idle(self) -> bool:
+        return self._local.sampling_idle() if self._share is None else self._share.idle()
+
+    def remove_model(self, model_id: str) -> None:
+        if self._share is not None:
+            self._share.check_unused(model_id, f"unload_model: model '{model_id}' is serving running sample "
+                                               "requests; unload it once they finish")
+        self._mirrored("remove_model", model_id)
+
+    def remove_adapter(self, adapter_id: str) -> None:
+        if self._share is not None:
+            self._share.check_unused(adapter_id, f"unload_model: model '{adapter_id}' is serving running sample "
+                                                 "requests; unload it once they finish")
+        self._mirrored("remove_adapter", adapter_id)
+
+    def remove_snapshot(self, snapshot_id: str) -> None:
+        if self._share is not None:
+            self._share.check_unused(snapshot_id, f"snapshot '{snapshot_id}' is serving running sample requests; "
+                                                  "remove it once they finish")
+        self.__getattr__("remove_snapshot")(snapshot_id)
+
+    def _exchange_step(self, submissions: list[list[tuple[int, Any]]]) -> list[StepAnswer]:
+        """One decode step on every rank at once (each its replica's requests, after submitting the new ones); every
+        rank's answer gathered here. Returns each replica's answer, which its tensor-parallel ranks must agree on."""
+        self._channel.send((SAMPLING_COMMAND, (submissions,), {}))
+        answers = self._channel.gather_answers(self._channel.sampler.step(submissions))
+        for replica in range(self._replicas):
+            first = replica * self._tp
+            for rank in range(first + 1, first + self._tp):
+                if answers[rank].signature() != answers[first].signature():
+                    raise RanksDiverged(f"a sample step ended differently within replica {replica}: rank {first} "
+                                        f"{answers[first].signature()}, rank {rank} {answers[rank].signature()}")
+        return [answers[replica * self._tp] for replica in range(self._replicas)]
 
     def close(self) -> None:
         """Stops the workers (they exit when told, or with the group when this process dies)."""
+        if self._share is not None:
+            log.info("data parallel sampling: sequences decoded per replica %s", self._share.decoded)
         try:
             self._channel.send(None)
         except Exception:  # noqa: BLE001 - a worker already gone
