@@ -1,16 +1,25 @@
-"""sampler_engine_main: the body of one sampler engine process (parallel/sampler_engines.py starts them).
+"""sampler_engine_main: the body of one sampler engine process (parallel/sampler_engine_pool.py starts them).
 
-It loads the base model, joins the trainer's sync group, then serves the trainer's commands from its pipe, between
-decode steps of its own continuous batch:
+It loads the base model, says ("loaded", pid), then serves the trainer's commands from its pipe, between decode steps
+of its own continuous batch:
+  ("regroup", tag, address, rank, world, timeout_s) → every rank of it leaves its sync group (if any) and joins the
+                                        trainer's new one at `address` (its first rank `rank` of `world`), then
+                                        ("regrouped", tag, error): error None, or why the join failed (it then waits
+                                        for the next regroup). The first one comes once it said "loaded".
   ("submit", id, SampleRequest)       → later ("done", id, SampleResult) or ("failed", id, error)
-  ("sync", snapshot_id, lora, resync) → joins the trainer's WeightSync broadcast, keeps the weights as a frozen
+  ("sync", tag, snapshot_id, lora, resync) → joins the trainer's WeightSync broadcast, keeps the weights as a frozen
                                         version (LoRA factors when `lora` gives their shape, else full weights), then
-                                        ("synced", snapshot_id, error, digest); a resync of a version it holds is
-                                        received and dropped (a replaced engine's siblings take part in its catch-up)
-  ("regroup", address)                → joins a new sync group (a sibling was replaced), then ("regrouped",)
+                                        ("synced", tag, snapshot_id, error, digest); a resync of a version it holds is
+                                        received and dropped (a replaced engine's siblings take part in its catch-up);
+                                        a broadcast that breaks (another member died) is the error, and the engine
+                                        goes on serving until the trainer regroups it
   ("remove", snapshot_id), ("watch", id) (report its tokens every step: streaming), ("stop",)
 While decoding with nothing to report it sends ("alive",) every HEARTBEAT_S, so the trainer can tell it from a hung
 one.
+
+Test hook (tests/parallel/test_sampler_engine_replacement.py): with SKYRL_TX_TEST_SAMPLER_START_GATE set to a path in
+its environment, a *replacement* engine (not one of the first ones) waits, before it loads the model, until that file
+exists (or it is told to stop): a test holds a replacement's start for as long as it needs, by construction.
 """
 
 from __future__ import annotations
@@ -25,26 +34,33 @@ from skyrl_tx.config import BackendSettings
 HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
 
 
-def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, world: int, address: str,
-                        conn: Any, sync_on_cuda: bool = False) -> None:
-    """A sampler engine: loads the base model, joins the sync group (its ranks rank, rank + 1, ... of `world`: one
-    per tensor-parallel rank; NCCL on their own devices when sync_on_cuda, else Gloo), then serves commands until
-    told to stop."""
+START_GATE_ENV = "SKYRL_TX_TEST_SAMPLER_START_GATE"  # the test hook of the module docstring
+
+
+def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, conn: Any, sync_on_cuda: bool = False,
+                        replacement: bool = False) -> None:
+    """Sampler engine `index`: loads the base model, then serves commands until told to stop (the first ones
+    regroup it into the trainer's sync group: one rank per tensor-parallel rank; NCCL on their own devices when
+    sync_on_cuda, else Gloo)."""
     from skyrl_tx.parallel.child_start import start_child_process
 
-    start_child_process(f"sampler engine rank {rank}", settings)  # first: before torch loads (dies with the engine)
+    start_child_process(f"sampler engine {index}", settings)  # first: before torch loads (dies with the engine)
+    gate = os.environ.get(START_GATE_ENV)
+    if replacement and gate:
+        while not os.path.exists(gate):  # the test hook: held until the test creates the file
+            if conn.poll(0.05) and conn.recv()[0] == "stop":
+                return
     from skyrl_tx.backend.model_backend import make_model_backend
-    from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S
+    from skyrl_tx.errors import InternalError
 
     # One process, or (tensor_parallel_size > 1) this process and its own worker ranks, each holding part of the
     # model: every state change and decode step below then runs on all of them (parallel/data_parallel_backend.py),
     # and each of them is a rank of the sync group, receiving every broadcast itself.
     backend = make_model_backend(Path(model_dir), BackendSettings.from_dict(settings))
     digests = backend.settings.weight_sync_digests
-    backend.join_weight_sync(address, rank, world, JOIN_TIMEOUT_S, sync_on_cuda)
+    conn.send(("loaded", os.getpid()))
     running: dict[int, int] = {}  # local sample id → the trainer's id
     watched: set[int] = set()  # the trainer's ids whose progress it asked for (streaming)
-    conn.send(("ready", os.getpid()))
     last_sent = time.monotonic()
     while True:
         if conn.poll(0 if running else None):
@@ -62,13 +78,20 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], rank: int, wor
                 except Exception as exc:  # noqa: BLE001 - the request's error, reported to the trainer
                     conn.send(("failed", sample_id, exc))
             elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
-                _, snapshot_id, lora, resync = message
+                _, tag, snapshot_id, lora, resync = message
                 # (a resync of a version this engine holds: a sibling's catch-up, received and dropped)
-                error, digest = backend.receive_weights(snapshot_id, lora, resync, digests)
-                conn.send(("synced", snapshot_id, error, digest))
-            elif kind == "regroup":  # a member is gone: every rank leaves the old group and joins the new one
-                backend.join_weight_sync(message[1], rank, world, JOIN_TIMEOUT_S, sync_on_cuda)
-                conn.send(("regrouped",))
+                try:
+                    error, digest = backend.receive_weights(snapshot_id, lora, resync, digests)
+                except Exception as exc:  # noqa: BLE001 - the group broke (a member died): the trainer regroups
+                    error, digest = InternalError(f"the weight sync of {snapshot_id!r} broke: {exc}"), None
+                conn.send(("synced", tag, snapshot_id, error, digest))
+            elif kind == "regroup":  # a member came or went: every rank leaves the old group and joins the new one
+                _, tag, address, rank, world, timeout_s = message
+                try:
+                    backend.join_weight_sync(address, rank, world, timeout_s, sync_on_cuda)
+                    conn.send(("regrouped", tag, None))
+                except Exception as exc:  # noqa: BLE001 - reported; the trainer regroups again or replaces it
+                    conn.send(("regrouped", tag, str(exc)))
             elif kind == "remove":
                 if backend.has_snapshot(message[1]):
                     backend.remove_snapshot(message[1])

@@ -9,11 +9,15 @@ and kept there as a frozen version; each sample request of the base model or of 
 sampler engine with the fewest requests in flight (a request's num_samples together). Anything else (sampling a
 live model id) runs on the trainer, as colocated. The engine processes' side: parallel/sampler_engine_process.py.
 
-A sampler engine that dies or hangs is replaced: the others join a new sync group with a fresh one, which receives
-every live version again (LoRA factors the trainer keeps; full weights read back from the trainer's own frozen copy
-of the snapshot), and the requests it had run again on the engines. A failure in the middle of a sync or a
-replacement makes the engine process exit instead: the supervisor restarts it with its sampler engines, and recovery
-rebuilds the snapshots and reruns the unfinished requests.
+A sampler engine that dies or hangs is replaced without stopping anything else (parallel/sampler_engine_pool.py):
+its requests go at once to the live engines (or wait, bounded, for one when none is live), and its replacement
+loads the model in the background; training, weight syncs and the other engines' sampling go on meanwhile (a sync
+then reaches the live engines only, in a sync group rebuilt without the lost one). Once the replacement holds the
+model it joins a new sync group with the others and receives every live version again (LoRA factors the trainer
+keeps; full weights read back from the trainer's own frozen copy of the snapshot); only then does it serve. An
+engine lost in the middle of a sync is dropped from it: the survivors regroup and the sync is retried for them (a
+version a survivor received before the failure is received again and dropped), with no restart of the engine
+process.
 
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
 The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
@@ -23,32 +27,24 @@ join_side_group). A sampler engine of T tensor-parallel ranks puts every rank in
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import multiprocessing
 import multiprocessing.connection
-import os
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from skyrl_tx.config import BackendSettings
 from skyrl_tx.errors import ConflictError, InternalError
 from skyrl_tx.parallel.layout import sampler_device, weight_sync_on_cuda
-from skyrl_tx.parallel.sampler_engine_process import sampler_engine_main
+from skyrl_tx.parallel.sampler_engine_pool import EngineLost, SamplerEnginePool
 from skyrl_tx.parallel.weight_sync import JOIN_TIMEOUT_S, weights_digest
 from skyrl_tx.types import FailedSample, SampleRequest, SampleResult
 
 log = logging.getLogger("skyrl_tx.parallel")
 
 WAIT_S = 0.02  # sample_step waits this long for a remote result when nothing else is running
-GROUP_BROKEN_EXIT = 75  # the engine process's exit code when it restarts with its sampler engines (the supervisor)
-
-
-
-class _EngineLost(Exception):
-    """A sampler engine stopped answering in the middle of a sync or a replacement."""
+NO_ENGINE_WAIT_S = JOIN_TIMEOUT_S  # a sample waits this long for a live engine when none is, then fails
 
 
 class SamplerEnginesBackend:
@@ -56,24 +52,23 @@ class SamplerEnginesBackend:
     not defined here is the wrapped backend's own; only the engine thread calls it."""
 
     def __init__(self, backend: Any, model_dir: Path, settings: BackendSettings):
-        self._backend, self._model_dir, self._settings = backend, model_dir, settings
+        self._backend, self._settings = backend, settings
         count = settings.num_inference_engines
-        self._timeout_s = settings.inference_engine_timeout_s
         self._digests = settings.weight_sync_digests
-        self._heard = [time.monotonic()] * count  # when each engine last sent anything
-        self._conns: list[Any] = [None] * count
-        self._procs: list[Any] = [None] * count
-        self._sync: Any = None
         # NCCL when the trainer and every engine are on CUDA devices: the trainer sends from its own device
-        self._sync_on_cuda = weight_sync_on_cuda(settings)
-        self._sync_device = settings.device if self._sync_on_cuda else "cpu"
+        sync_on_cuda = weight_sync_on_cuda(settings)
+        self._sync_device = settings.device if sync_on_cuda else "cpu"
+        self._pool = SamplerEnginePool(model_dir, settings, sync_on_cuda, self._sync_device)
+        self._pool.on_message = self._handle
         self._lora: dict[str, dict[str, Any] | None] = {}  # live model id → its LoRA shape (None: full weights)
-        self._synced: set[str] = set()  # snapshot ids every sampler engine holds
+        self._synced: set[str] = set()  # snapshot ids every live sampler engine holds
         self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # LoRA versions: factors, shape
         self._ids = itertools.count(-1, -1)  # the samplers' request ids: negative, apart from the trainer's own
-        self._in_flight: dict[int, tuple[int, str]] = {}  # id → (sampler engine, weights id)
+        # id → (sampler engine, or None while it waits for a live one; weights id)
+        self._in_flight: dict[int, tuple[int | None, str]] = {}
         self._requests: dict[int, SampleRequest] = {}  # id → the request, to run again if its engine is lost
-        self._failed: dict[int, str] = {}  # engines lost since the last replacement → why
+        self._waiting_since: dict[int, float] = {}  # ids waiting for a live engine → since when
+        self._lost_why: dict[int, str] = {}  # engines being replaced → why they were lost (for the log)
         self._local: set[int] = set()  # ids of requests running on the trainer (live model ids)
         self._served = [0] * count  # requests sent to each sampler engine
         self._versions = 0  # syncs so far
@@ -82,14 +77,15 @@ class SamplerEnginesBackend:
         self._progress: dict[int, list[list[int]]] = {}
         self._finished: list[tuple[int, SampleResult]] = []
         try:
-            self._regroup(list(range(count)))
-        except _EngineLost as exc:
+            self._pool.start_all()
+        except EngineLost as exc:
+            self._pool.close()
             raise InternalError(f"sampler engines did not start: {exc}") from exc
         kv_cache = (f"the rows that fit in gpu_memory_utilization={settings.gpu_memory_utilization}"
                     if settings.gpu_memory_utilization else f"{settings.max_sampling_sequences} rows")
         log.info("sampling on %d sampler engine(s) of %d tensor-parallel rank(s) each (pids %s, first devices %s), "
                  "each with a KV cache of %s of %d tokens; weights synced over c10d", count,
-                 settings.inference_engine_tensor_parallel_size, [p.pid for p in self._procs],
+                 settings.inference_engine_tensor_parallel_size, [p.pid for p in self._pool.procs],
                  [sampler_device(settings, i) for i in range(count)], kv_cache, settings.max_sampling_length)
 
     def __getattr__(self, name: str) -> Any:  # only for what is not defined here
@@ -134,56 +130,127 @@ class SamplerEnginesBackend:
         self._kept.pop(snapshot_id, None)
         if snapshot_id in self._synced:
             self._synced.discard(snapshot_id)
-            for index in range(len(self._conns)):
-                self._send(index, ("remove", snapshot_id))
+            for index in self._pool.live():  # a replacement not admitted yet catches up on what is left
+                self._pool.send(index, ("remove", snapshot_id))
 
     def _sync_or_undo(self, snapshot_id: str, tensors: dict[str, Any], lora: dict[str, Any] | None) -> None:
-        """Every sampler engine receives the snapshot and keeps it as a frozen version; if any cannot, the save
-        fails with its reason and no engine (nor the trainer) keeps it."""
-        self._replace_failed()  # the sync group must be whole
+        """Every live sampler engine receives the snapshot and keeps it as a frozen version (an engine lost on the
+        way is dropped from the sync, which is retried for the others; a replacement catches up when admitted);
+        if any cannot keep it, the save fails with its reason and no engine (nor the trainer) keeps it."""
+        self._tend()
         sent = {k: v.contiguous() for k, v in tensors.items()}
+        answers: list[tuple] = []
         try:
-            errors = self._broadcast(snapshot_id, sent, lora, resync=False)
-        except _EngineLost as exc:
-            self._restart_everything(f"a sampler engine was lost during the weight sync of {snapshot_id!r}: {exc}")
+            for attempt in range(len(self._served) + 1):
+                try:
+                    if self._pool.members != self._pool.live():  # an engine was lost since the last sync
+                        self._pool.regroup(self._pool.live())
+                    if self._pool.members:
+                        # a retry: a survivor that received the version before the failure drops the copy
+                        answers = self._broadcast(snapshot_id, sent, lora, resync=attempt > 0)
+                    break
+                except EngineLost as exc:
+                    log.warning("sampler engine lost while %r was sent to the sampler engines (%s); sending it again "
+                                "to the live ones %s", snapshot_id, exc, self._pool.live())
+            else:
+                raise InternalError(f"the sampler engines kept being lost while {snapshot_id!r} was sent to them")
         except BaseException:
-            self._backend.remove_snapshot(snapshot_id)
+            self._undo(snapshot_id)
             raise
+        errors = [answer[3] for answer in answers]
         if any(errors):
-            self._backend.remove_snapshot(snapshot_id)
-            for index in range(len(self._conns)):
-                self._send(index, ("remove", snapshot_id))
+            self._undo(snapshot_id)
             raise next(e for e in errors if e is not None)
         self._synced.add(snapshot_id)
         if lora is not None:  # kept to catch up a replaced engine (full weights are read back from the trainer's copy)
             self._kept[snapshot_id] = ({k: v.detach().to("cpu", copy=True) for k, v in sent.items()}, lora)
-        last = self._sync.last
+        if self._pool.sync is None:
+            log.info("%s kept for the sampler engines being replaced (none is live)", snapshot_id)
+            return
+        last, members = self._pool.sync.last, len(self._pool.members)
         log.info("weight sync %d: %s (%d tensors, %.1f MB in %d buckets) to %d sampler engine(s) (%d ranks) in %.3f "
                  "s; requests served per engine so far: %s", last.version, snapshot_id, last.tensors, last.bytes / 1e6,
-                 last.buckets, len(self._conns),
-                 len(self._conns) * self._settings.inference_engine_tensor_parallel_size, last.seconds, self._served)
+                 last.buckets, members, members * self._settings.inference_engine_tensor_parallel_size,
+                 last.seconds, self._served)
+
+    def _undo(self, snapshot_id: str) -> None:
+        self._backend.remove_snapshot(snapshot_id)
+        for index in self._pool.live():
+            self._pool.send(index, ("remove", snapshot_id))
 
     def _broadcast(self, snapshot_id: str, sent: dict[str, Any], lora: dict[str, Any] | None,
-                   resync: bool) -> list[BaseException | None]:
-        """One sync to every engine; each engine's error (None: kept). Raises _EngineLost."""
-        for index in range(len(self._conns)):
-            if not self._send(index, ("sync", snapshot_id, lora, resync)):
-                raise _EngineLost(f"sampler engine {index}: {self._failed.get(index)}")
-        try:
-            self._sync.sync(self._versions, sent, self._sync_device)
-        except InternalError as exc:  # a collective failed: a member died or hung
-            raise _EngineLost(str(exc)) from exc
+                   resync: bool) -> list[tuple]:
+        """One sync to every member of the sync group; their answers, digests checked. Raises EngineLost."""
+        answers = self._pool.broadcast(snapshot_id, sent, lora, resync, self._versions)
         self._versions += 1
-        answers = [self._receive(index, "synced") for index in range(len(self._conns))]
-        errors = [answer[2] for answer in answers]
         digest = weights_digest(sent) if self._digests else None
-        if digest is not None and not any(errors):
+        if digest is not None and not any(answer[3] for answer in answers):
             log.info("weight sync %d digest: trainer %s, sampler engines %s", self._versions - 1, digest,
-                     [answer[3] for answer in answers])
-            errors = [None if answer[3] == digest else InternalError(
+                     [answer[4] for answer in answers])
+            answers = [answer if answer[4] == digest else (*answer[:3], InternalError(
                 f"weight sync of {snapshot_id!r}: sampler engine {index} holds other weights (digest "
-                f"{answer[3]}, the trainer's {digest})") for index, answer in enumerate(answers)]
-        return errors
+                f"{answer[4]}, the trainer's {digest})"), answer[4])
+                for index, answer in zip(self._pool.members, answers)]
+        return answers
+
+    # ---- replacing lost engines, off the loop ---------------------------------------------------------
+    def _tend(self) -> None:
+        """Never waits for a model to load: starts a replacement for every lost engine and sends its requests to
+        the live ones (or lets them wait for one), admits the replacements that hold the model now, and sends the
+        waiting requests to a live engine."""
+        self._restart_lost()
+        loaded = self._pool.poll_starting()
+        if loaded:
+            self._admit(loaded)
+            self._restart_lost()
+        waiting = [i for i, (index, _) in self._in_flight.items() if index is None]
+        if waiting and self._pool.live():
+            for sample_id in waiting:
+                self._dispatch(sample_id)
+        elif waiting:
+            now, hopeless = time.monotonic(), not self._pool.starting and not self._pool.lost
+            for sample_id in waiting:
+                if hopeless or now - self._waiting_since[sample_id] > NO_ENGINE_WAIT_S:
+                    self._finish(sample_id, FailedSample(InternalError(
+                        f"no sampler engine came up within {NO_ENGINE_WAIT_S:g} s to run this request" if not
+                        hopeless else "no sampler engine is left: every replacement failed to start (see the log)")))
+
+    def _restart_lost(self) -> None:
+        lost = self._pool.restart_lost()
+        if not lost:
+            return
+        self._lost_why.update(lost)
+        moved = [sample_id for sample_id, (index, _) in self._in_flight.items() if index in lost]
+        for sample_id in moved:  # their results from the lost engine can no longer come: they run once, elsewhere
+            self._in_flight[sample_id] = (None, self._in_flight[sample_id][1])
+            self._waiting_since[sample_id] = time.monotonic()
+        live = self._pool.live()
+        for sample_id in moved if live else ():
+            self._dispatch(sample_id)
+        log.warning("sampler engine(s) %s lost: a replacement loads the model in the background; %d request(s) "
+                    "%s", sorted(lost), len(moved), f"sent to engine(s) {live}" if live else "wait for an engine")
+
+    def _admit(self, loaded: list[int]) -> None:
+        """The loaded replacements join a new sync group with the live engines and receive every live version
+        (the others receive it too and drop it); then they serve. One lost on the way is started again."""
+        started = time.monotonic()
+        try:
+            self._pool.regroup(sorted(self._pool.live() + loaded))
+            for snapshot_id in sorted(self._synced):
+                tensors, lora = self._kept.get(snapshot_id) or (self._backend.frozen_model_weights(snapshot_id), None)
+                for index, answer in zip(self._pool.members, self._broadcast(snapshot_id, tensors, lora, True)):
+                    if answer[3] is not None:
+                        self._pool.lose(index, f"could not keep {snapshot_id!r} when it caught up: {answer[3]}")
+                        raise EngineLost(str(answer[3]))
+        except EngineLost as exc:
+            log.warning("admitting the replaced sampler engine(s) %s failed (%s); trying again", loaded, exc)
+            return
+        for index in loaded:
+            self._pool.admitted(index)
+        lost = {index: self._lost_why.pop(index, "lost") for index in loaded}
+        log.warning("replaced sampler engine(s) %s (now pids %s): admitted %.1f s after loading the model, %d "
+                    "version(s) re-synced", lost, [self._pool.procs[i].pid for i in loaded],
+                    time.monotonic() - started, len(self._synced))
 
     # ---- sampling -----------------------------------------------------------------------------------
     def submit_sample(self, request: SampleRequest) -> int:
@@ -191,32 +258,39 @@ class SamplerEnginesBackend:
             sample_id = self._backend.submit_sample(request)  # a live model id: only the trainer has its weights
             self._local.add(sample_id)
             return sample_id
-        self._replace_failed()
+        self._tend()
         sample_id = next(self._ids)
         self._requests[sample_id] = request
         if request.stream:
             self._progress[sample_id] = []  # its engine reports it every step from the first
-        self._dispatch(sample_id)
+        self._waiting_since[sample_id] = time.monotonic()
+        self._in_flight[sample_id] = (None, request.weights_id)
+        if self._pool.live():
+            self._dispatch(sample_id)
         return sample_id
 
     def _dispatch(self, sample_id: int) -> None:
-        """Sends a request to an engine. If that engine turns out lost, the request stays in flight on it and runs
-        again when the engine is replaced (the next sample_step)."""
+        """Sends a request to a live engine. If that engine turns out lost, the request goes to another one at the
+        next _tend (this step's or the next one's)."""
         request = self._requests[sample_id]
         index = self._route(request.weights_id)
         if not any(i == index for i, _ in self._in_flight.values()):
-            self._heard[index] = time.monotonic()  # an idle engine owed nothing until now
+            self._pool.heard[index] = time.monotonic()  # an idle engine owed nothing until now
         self._in_flight[sample_id] = (index, request.weights_id)
+        self._waiting_since.pop(sample_id, None)
         self._served[index] += 1
-        if self._send(index, ("submit", sample_id, request)) and sample_id in self._progress and not request.stream:
-            self._send(index, ("watch", sample_id))
+        if self._pool.send(index, ("submit", sample_id, request)) and sample_id in self._progress and \
+                not request.stream:
+            self._pool.send(index, ("watch", sample_id))
 
     def _route(self, weights_id: str) -> int:
         """The engine that served these weights last if none is less busy (its prefix cache holds their prompts),
         else the least busy, taking turns among equals. A request's num_samples stay together on one engine."""
-        load = [float("inf") if i in self._failed else 0.0 for i in range(len(self._conns))]
+        live = set(self._pool.live())
+        load = [0.0 if i in live else float("inf") for i in range(len(self._served))]
         for index, _ in self._in_flight.values():
-            load[index] += 1
+            if index is not None:
+                load[index] += 1
         home = self._home.get(weights_id)
         if home is not None and load[home] == min(load):
             return home
@@ -228,7 +302,7 @@ class SamplerEnginesBackend:
         return index
 
     def sample_step(self) -> list[tuple[int, SampleResult]]:
-        self._replace_failed()
+        self._tend()
         local_running = len(self._local)
         finished = self._backend.sample_step() if local_running else []
         for sample_id, _ in finished:
@@ -244,9 +318,11 @@ class SamplerEnginesBackend:
         out = dict(self._backend.sample_progress(local)) if local else {}
         for sample_id in sample_ids:
             if sample_id < 0 and sample_id in self._in_flight:
-                if sample_id not in self._progress:  # first ask: the engine starts reporting it
+                index = self._in_flight[sample_id][0]
+                if sample_id not in self._progress:  # first ask: the engine starts reporting it (once sent to one)
                     self._progress[sample_id] = []
-                    self._send(self._in_flight[sample_id][0], ("watch", sample_id))
+                    if index is not None:
+                        self._pool.send(index, ("watch", sample_id))
                 out[sample_id] = self._progress[sample_id]
         return out
 
@@ -254,169 +330,45 @@ class SamplerEnginesBackend:
         return not self._local and not self._in_flight
 
     def _drain(self, wait: float) -> None:
-        """Takes every message the sampler engines have sent; waits up to `wait` for the first. An engine with
+        """Takes every message the live sampler engines have sent; waits up to `wait` for the first. An engine with
         requests in flight that has said nothing for inference_engine_timeout_s is hung."""
-        live = [conn for i, conn in enumerate(self._conns) if i not in self._failed]
-        for conn in multiprocessing.connection.wait(live, timeout=wait):
-            index = self._conns.index(conn)
-            while index not in self._failed and conn.poll():
-                message = self._recv(index)
+        pool = self._pool
+        conns = {pool.conns[i]: i for i in pool.live()}
+        if not conns:  # every engine is being replaced: the waiting requests go out at a later _tend
+            time.sleep(wait)
+        for conn in multiprocessing.connection.wait(list(conns), timeout=wait) if conns else []:
+            index = conns[conn]
+            while index not in pool.lost and conn.poll():
+                message = pool.recv(index)
                 if message is not None:
                     self._handle(index, message)
         now = time.monotonic()
-        for index in {i for i, _ in self._in_flight.values()} - set(self._failed):
-            if now - self._heard[index] > self._timeout_s:
-                self._lose(index, f"hung: silent for {now - self._heard[index]:.1f} s with requests in flight "
-                                  "(inference_engine_timeout_s)")
+        for index in {i for i, _ in self._in_flight.values() if i is not None} - set(pool.lost):
+            if now - pool.heard[index] > pool.timeout_s:
+                pool.lose(index, f"hung: silent for {now - pool.heard[index]:.1f} s with requests in flight "
+                                 "(inference_engine_timeout_s)")
 
     def _handle(self, index: int, message: tuple) -> None:
         kind = message[0]
         if kind in ("done", "failed"):
             if self._in_flight.get(message[1], (None,))[0] != index:
                 return  # a request that already ran again elsewhere
-            self._in_flight.pop(message[1])
-            self._requests.pop(message[1], None)
-            self._progress.pop(message[1], None)
-            self._finished.append((message[1], message[2] if kind == "done" else FailedSample(message[2])))
+            self._finish(message[1], message[2] if kind == "done" else FailedSample(message[2]))
         elif kind == "progress":
             for sample_id, tokens in message[1].items():
                 if sample_id in self._progress:
                     self._progress[sample_id] = tokens
-        elif kind != "alive":
+        elif kind not in ("alive", "synced", "regrouped"):  # (answers to a sync or regroup abandoned)
             raise InternalError(f"sampler engine {index}: unexpected message {kind!r}")
 
-    # ---- pipes and faults ---------------------------------------------------------------------------
-    def _send(self, index: int, message: tuple) -> bool:
-        """False when the engine is lost (now or before)."""
-        if index in self._failed:
-            return False
-        try:
-            self._conns[index].send(message)
-            return True
-        except OSError as exc:  # BrokenPipeError: it died since the last message
-            self._lose(index, f"gone ({type(exc).__name__}: {exc})")
-            return False
-
-    def _recv(self, index: int) -> tuple | None:
-        """The engine's next message; None when it is lost."""
-        try:
-            message = self._conns[index].recv()
-        except (EOFError, OSError) as exc:
-            self._lose(index, f"gone ({type(exc).__name__}: {exc})")
-            return None
-        self._heard[index] = time.monotonic()
-        return message
-
-    def _receive(self, index: int, kind: str, timeout_s: float | None = None) -> tuple:
-        """The next message of `kind` from engine `index`; results arriving first are kept. Raises _EngineLost when
-        it is lost or silent for `timeout_s` (default inference_engine_timeout_s)."""
-        timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        while True:
-            if index in self._failed:
-                raise _EngineLost(f"sampler engine {index} {self._failed[index]}")
-            if not self._conns[index].poll(timeout_s):
-                self._lose(index, f"hung: no answer within {timeout_s:g} s")
-                continue
-            message = self._recv(index)
-            if message is not None and message[0] == kind:
-                return message
-            if message is not None:
-                self._handle(index, message)
-
-    def _lose(self, index: int, why: str) -> None:
-        """Marks an engine lost (killing it, if it still runs): its requests wait for its replacement."""
-        if index in self._failed:
-            return
-        self._failed[index] = why
-        self._procs[index].kill()
-        log.warning("sampler engine %d (pid %s) is %s; it will be replaced", index, self._procs[index].pid, why)
-
-    def _replace_failed(self) -> None:
-        """Replaces every lost engine: the others and the new ones join a fresh sync group, the new ones receive
-        every live version again (LoRA factors kept here; full weights read back from the trainer's frozen copy),
-        and the lost engines' requests run again. On any failure on the way, the engine process restarts with its
-        sampler engines instead."""
-        if not self._failed:
-            return
-        lost, started = dict(self._failed), time.monotonic()
-        try:
-            self._regroup(sorted(lost))
-            self._failed.clear()
-            for snapshot_id in sorted(self._synced):
-                tensors, lora = self._kept.get(snapshot_id) or (self._backend.frozen_model_weights(snapshot_id), None)
-                errors = self._broadcast(snapshot_id, tensors, lora, resync=True)
-                if any(errors):
-                    raise _EngineLost(f"re-sync of {snapshot_id!r}: {next(e for e in errors if e is not None)}")
-        except _EngineLost as exc:
-            self._restart_everything(f"replacing sampler engine(s) {lost} failed: {exc}")
-        again = [sample_id for sample_id, (index, _) in self._in_flight.items() if index in lost]
-        for sample_id in again:
-            self._dispatch(sample_id)
-        log.warning("replaced sampler engine(s) %s (now pids %s) in %.1f s: %d version(s) re-synced, %d request(s) "
-                    "running again", lost, [self._procs[i].pid for i in lost], time.monotonic() - started,
-                    len(self._synced), len(again))
-
-    def _regroup(self, indices: list[int]) -> None:
-        """Starts engines `indices` and makes a fresh sync group of the trainer, them and the other engines."""
-        from skyrl_tx.parallel.weight_sync import join_sync_group
-        from skyrl_tx.ports import free_local_port
-
-        count = len(self._conns)
-        width = self._settings.inference_engine_tensor_parallel_size  # each engine rank is a sync-group rank
-        address = f"127.0.0.1:{free_local_port()}"
-        others = [i for i in range(count) if i not in indices]
-        for index in others:
-            if not self._send(index, ("regroup", address)):
-                raise _EngineLost(f"sampler engine {index} {self._failed[index]}")
-        context = multiprocessing.get_context("spawn")
-        for index in indices:
-            parent, child = context.Pipe()
-            # An engine of inference_engine_tensor_parallel_size ranks: the engine process and its own workers.
-            settings = {**dataclasses.asdict(self._settings), "colocate_all": True, "num_inference_engines": 1,
-                        "fully_sharded_data_parallel_size": 1, "num_processes": 1, "coordinator_address": "",
-                        "tensor_parallel_size": self._settings.inference_engine_tensor_parallel_size,
-                        # an engine spreads the experts over its own tensor-parallel ranks, or holds them all
-                        "expert_parallel_size": (self._settings.inference_engine_tensor_parallel_size
-                                                 if self._settings.expert_parallel_size > 1 else 1),
-                        "inference_engine_tensor_parallel_size": 1, "inference_engine_devices": (),
-                        "device": sampler_device(self._settings, index)}
-            proc = context.Process(target=sampler_engine_main, args=(str(self._model_dir), settings,
-                                                                     1 + index * width, 1 + count * width, address,
-                                                                     child, self._sync_on_cuda),
-                                   # a daemon may not start processes: a tensor-parallel engine starts its ranks
-                                   # (they die with it: PR_SET_PDEATHSIG; close() stops it)
-                                   daemon=self._settings.inference_engine_tensor_parallel_size == 1,
-                                   name=f"skyrl-tx-sampler-{index}")
-            proc.start()
-            self._conns[index], self._procs[index] = parent, proc
-            self._failed.pop(index, None)
-        self._sync = None  # the old group (a member is gone) before the new one
-        try:
-            self._sync = join_sync_group(address, 0, 1 + count * width, device=self._sync_device)
-        except InternalError as exc:
-            raise _EngineLost(str(exc)) from exc
-        for index in indices:
-            self._receive(index, "ready", timeout_s=JOIN_TIMEOUT_S)
-        for index in others:
-            self._receive(index, "regrouped", timeout_s=JOIN_TIMEOUT_S)
-
-    def _restart_everything(self, why: str) -> NoReturn:
-        """The engine process exits before storing anything more (as when a data-parallel rank dies); the
-        supervisor restarts it with fresh sampler engines, recovery rebuilds the sampler snapshots, and the
-        unfinished requests run again."""
-        log.critical("%s; the engine restarts with its sampler engines", why)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(GROUP_BROKEN_EXIT)
+    def _finish(self, sample_id: int, result: SampleResult) -> None:
+        """The request's one result: it leaves every table, so nothing can run or return it again."""
+        self._in_flight.pop(sample_id)
+        self._requests.pop(sample_id, None)
+        self._progress.pop(sample_id, None)
+        self._waiting_since.pop(sample_id, None)
+        self._finished.append((sample_id, result))
 
     def close(self) -> None:
-        for conn, proc in zip(self._conns, self._procs):
-            try:
-                conn.send(("stop",))
-            except OSError:
-                pass
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        self._pool.close()
         self._backend.close()
-

@@ -1,0 +1,91 @@
+"""A lost sampler engine stalls no one (issue 37 item 5). Its replacement is held before it loads the model (the
+SKYRL_TX_TEST_SAMPLER_START_GATE hook of parallel/sampler_engine_process.py) for as long as the test wants, so what
+goes on meanwhile holds by construction, not by timing: another user trains and syncs new sampler weights through
+the SDK, and the surviving engine serves every sample, the lost engine's included. Once released, the replacement
+joins the sync group, catches up on every version (the one synced while it was held too) and serves the same
+tokens; every request returns exactly once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from live_server import live_server
+
+CONFIG = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "inference_engine_devices": ["cpu", "cpu"]}
+RESULT_TIMEOUT_S = 120  # a bound, so a loop stalled by the held replacement fails the test instead of hanging it
+SYNC_LINE = re.compile(r"weight sync \d+: \S+ .* to (\d) sampler engine\(s\) .*so far: \[(\d+), (\d+)\]")
+
+
+def _tokens(futures) -> list[list[int]]:
+    return [list(f.result(timeout=RESULT_TIMEOUT_S).sequences[0].tokens) for f in futures]
+
+
+def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(preset_cache, tmp_path) -> None:
+    import tinker
+    from engine_processes import spawned_children
+    from tinker import types
+
+    from skyrl_tx.bench.api import _engine_pid
+
+    gate = tmp_path / "release-the-replacement"
+    params = types.SamplingParams(max_tokens=6, temperature=0.0)
+    prompts = [types.ModelInput.from_ints([5 + i, 17, 3 + i % 7]) for i in range(40)]
+    data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 14))),
+                        loss_fn_inputs={"target_tokens": list(range(6, 15)), "weights": [1.0] * 9})]
+    adam = types.AdamParams(learning_rate=1e-2)
+    with live_server(backend_config=CONFIG, env={"SKYRL_TX_TEST_SAMPLER_START_GATE": str(gate)}) as url:
+        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-replace", TINKER_TELEMETRY="0")
+        try:
+            with tinker.ServiceClient() as service:
+                a = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
+                a.forward_backward(data, "cross_entropy").result()
+                a.optim_step(adam).result()
+                sampler_a = a.save_weights_and_get_sampling_client().result()
+                b = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=2).result()
+                engine = _engine_pid(url)
+                first = spawned_children(engine)
+                assert len(first) == 2, first
+                futures = [sampler_a.sample(p, 1, params) for p in prompts[:20]]
+                os.kill(first[0], signal.SIGKILL)
+                futures += [sampler_a.sample(p, 1, params) for p in prompts[20:]]
+                # The replacement is held before it loads: user b trains two steps and syncs a new version (to the
+                # surviving engine alone), samples it, and every sample of a completes on the survivor.
+                for _ in range(2):
+                    b.forward_backward(data, "cross_entropy").result(timeout=RESULT_TIMEOUT_S)
+                    b.optim_step(adam).result(timeout=RESULT_TIMEOUT_S)
+                sampler_b = b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
+                held_b = _tokens([sampler_b.sample(p, 1, params) for p in prompts[:8]])
+                held_a = _tokens(futures)
+                log_held = url.log_path.read_text(errors="replace")
+                children_held = spawned_children(engine)
+                gate.touch()
+                # Released: it loads, and joins at a sample step; sample until the log says it was admitted.
+                for _ in range(200):
+                    if "replaced sampler engine(s) {0: " in url.log_path.read_text(errors="replace"):
+                        break
+                    _tokens([sampler_a.sample(prompts[0], 1, params)])
+                calm_a = _tokens([sampler_a.sample(p, 1, params) for p in prompts])
+                calm_b = _tokens([sampler_b.sample(p, 1, params) for p in prompts[:8]])
+                b.forward_backward(data, "cross_entropy").result(timeout=RESULT_TIMEOUT_S)
+                b.optim_step(adam).result(timeout=RESULT_TIMEOUT_S)
+                b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)  # a sync to both again
+        finally:
+            gate.touch()  # a failed assertion must not leave the replacement held
+        log = url.log_path.read_text(errors="replace")
+        assert _engine_pid(url) == engine, log[-3000:]  # the engine process never restarted
+    # While held: the replacement ran (spawned) but had not loaded, the lost engine's requests went to the survivor,
+    # and b's version was synced to one engine.
+    assert first[0] not in children_held and first[1] in children_held and len(children_held) == 2, children_held
+    assert "replaced sampler engine(s)" not in log_held, log_held[-3000:]
+    assert re.search(r"sampler engine\(s\) \[0\] lost: a replacement loads the model in the background; \d+ "
+                     r"request\(s\) sent to engine\(s\) \[1\]", log_held), log_held[-3000:]
+    syncs = [(int(m[1]), int(m[2]), int(m[3])) for m in SYNC_LINE.finditer(log)]
+    assert [engines for engines, _, _ in syncs] == [2, 1, 2], syncs  # a's version, b's while held, b's after
+    # Every request returned exactly once, with its own prompt's tokens: the same as once things were calm again,
+    # when both engines serve (the replacement caught up on both versions: a's and the one synced while it was held).
+    assert len(held_a) == len(prompts) and held_a == calm_a
+    assert held_b == calm_b
+    assert syncs[-1][1] > syncs[1][1], syncs  # the replacement (engine 0) served requests after it was admitted
+    assert "replaced sampler engine(s) {0: " in log, log[-3000:]
