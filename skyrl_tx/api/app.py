@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skyrl_tx import __version__
 from skyrl_tx.api.auth import install_auth
+from skyrl_tx.api.console import install_console
 from skyrl_tx.api.errors import error_response, install_error_handlers
 from skyrl_tx.api.metrics import Metrics
 from skyrl_tx.api.openapi import install_openapi
@@ -27,6 +28,9 @@ from skyrl_tx.api.routes import checkpoints, custom_losses, futures, futures_bat
 from skyrl_tx.api.routes import audit_log, identity, session_info, sessions, usage
 from skyrl_tx.api.routes import training, training_runs, weight_copies
 from skyrl_tx.api.routes import openai_compat
+from skyrl_tx.api.trace import export as trace_export
+from skyrl_tx.api.trace.jobs import TraceJobs
+from skyrl_tx.api.trace.ring import RequestTimings
 from skyrl_tx.api.waiters import FutureWaiters
 from skyrl_tx.config import ServerSettings
 from skyrl_tx.db import migrate
@@ -202,16 +206,19 @@ def create_app(settings: ServerSettings, model_dir: Path, architecture: str) -> 
     app.state.engine_failed = None  # set when the engine could not start (healthz says so)
     app.state.key_metrics = metrics.keys  # routes report accepted tokens per key (api/key_metrics.py)
     app.state.metrics = metrics  # retrieve_future counts a long poll that was not woken (api/routes/futures.py)
+    app.state.request_timings = RequestTimings()  # the API's per-request moments (api/trace/ring.py)
+    app.state.trace_jobs = TraceJobs()  # session trace exports being built or kept (api/trace/jobs.py)
     # forward / forward_backward sequences longer than the model's positions are refused at the edge
     app.state.max_positions = load_decoder_config(model_dir).max_position_embeddings
     install_error_handlers(app)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_auth(app, settings, engine)  # the API-key check, outermost: a refused request's body is never read
+    install_console(app, settings, engine)  # /console: its gate sits just outside the key check
     for router in (service.router, sessions.router, training.router, custom_losses.router, sampling.router,
                    sampling_clients.router, futures.router, futures_batch.router, checkpoints.router,
                    weight_copies.router, training_runs.router, openai_compat.router, session_info.router,
-                   identity.router, audit_log.router, usage.router):
+                   identity.router, audit_log.router, usage.router, trace_export.router):
         app.include_router(router)
     metrics.install(app, runner)  # GET /metrics; request ids and the access log: last, its middleware is outermost
     install_openapi(app)

@@ -25,7 +25,7 @@ CACHE_MAX = 10_000  # entries (hashes of valid and unknown keys); beyond, the ca
 # Open without a key: the health check, the docs, and signed download URLs (the signature is their credential, and
 # the SDK's `tinker checkpoint download` fetches them without its key).
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-OPEN_PREFIXES = ("/api/v1/checkpoint_files/",)
+OPEN_PREFIXES = ("/api/v1/checkpoint_files/", "/api/v1/trace_files/")  # api/trace/export.py
 CREATE_HINT = "an operator creates one with `skyrl-tx keys create --name NAME`"
 
 

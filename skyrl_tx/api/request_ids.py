@@ -13,6 +13,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from skyrl_tx.api.trace.ring import mark_received, record_answered
+
 HEADER = b"x-request-id"
 MAX_ID_LENGTH = 128
 # The request's id while it runs: in its task, and in the worker threads it hands work to (asyncio.to_thread and
@@ -80,6 +82,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        mark_received(scope)  # a submitted request's arrival (api/trace/ring.py)
         request_id = None
         for name, value in scope["headers"]:
             if name == HEADER:
@@ -111,6 +114,7 @@ class RequestContext:
 
     def _done(self, scope: Scope, request_id: str, status: int, started: float) -> None:
         seconds = time.perf_counter() - started
+        record_answered(scope)  # a retrieve_future that answered a finished future (api/trace/ring.py)
         key = key_label(scope)
         if self.observe is not None:
             self.observe(scope["method"], route_label(scope), status, seconds, key)

@@ -17,6 +17,7 @@ from skyrl_tx.api.body_ids import forward_backward_ids
 from skyrl_tx.api.ownership import require_owned_model
 from skyrl_tx.api.principal import caller_of
 from skyrl_tx.api.request_ids import REQUEST_ID
+from skyrl_tx.api.trace.ring import record_submitted
 from skyrl_tx.api.validation import SEQ_ID_MAX
 from skyrl_tx.db import audit, future_queries
 from skyrl_tx.db.models import FutureStatus, ModelRecord, ModelStatus, request_hash
@@ -54,6 +55,7 @@ def submit_future(request: Request, db: Session | Connection, *, future_id: str,
                                 "use a new seq_id for a new request") from None
     request.app.state.wake_engine()
     request.state.future_id = future_id  # named by the access-log line (api/request_ids.py)
+    record_submitted(request.app, request.scope["state"], future_id)  # its arrival, in memory (api/trace/ring.py)
     return future_id
 
 

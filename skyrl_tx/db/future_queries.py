@@ -44,7 +44,10 @@ class FutureOutcome(NamedTuple):
     `result` is JSON-able, or bytes: a binary result body (the ForwardBackwardOutput protobuf), stored in
     `result_body`; or RESULT_IN_DATABASE where a notification from another process left the bytes out.
     `queue_s` (stored -> claimed by the engine) and `engine_s` (claimed -> done) are set by the engine for the
-    API's latency histograms (api/metrics.py); None where the outcome was read back from the database."""
+    API's latency histograms (api/metrics.py); None where the outcome was read back from the database.
+    `ordered_at` (a request held behind a missing seq_id became runnable) and `computed_at` (its compute returned)
+    are phase times the engine stores with the result (FINISH; db/request_timings.py reads them back); the
+    notification between processes leaves them out (outcome_to_json)."""
 
     id: str
     status: str
@@ -53,6 +56,8 @@ class FutureOutcome(NamedTuple):
     error: dict[str, Any] | None
     queue_s: float | None = None
     engine_s: float | None = None
+    ordered_at: datetime | None = None
+    computed_at: datetime | None = None
 
 
 class _InDatabase:
@@ -80,7 +85,8 @@ def outcome_from_json(fields: list[Any]) -> FutureOutcome:
 
 def finish_params(outcomes: list[FutureOutcome], now: datetime) -> list[dict[str, Any]]:
     """FINISH's parameters: a bytes result goes to the binary column, anything else to the JSON one."""
-    return [{"id_": o.id, "status_": o.status, "error_": o.error, "now": now,
+    return [{"id_": o.id, "status_": o.status, "error_": o.error, "now": now, "ordered_": o.ordered_at,
+             "computed_": o.computed_at,
              "result_": None if isinstance(o.result, bytes) else o.result,
              "result_body_": o.result if isinstance(o.result, bytes) else None} for o in outcomes]
 
@@ -118,10 +124,12 @@ CANCEL_PENDING = update(FUTURES).where(FUTURES.c.id == bindparam("id_"),
                                        FUTURES.c.status == FutureStatus.PENDING.value).values(
     status=FutureStatus.FAILED.value, error=bindparam("error_"), completed_at=bindparam("now"))
 FUTURE_STATUS = select(FUTURES.c.status).where(FUTURES.c.id == bindparam("id_"))
-# executemany: one parameter dict per finished future (finish_params).
+# executemany: one parameter dict per finished future (finish_params). The phase times ride along in this UPDATE:
+# recording them costs no extra statement per request.
 FINISH = update(FUTURES).where(FUTURES.c.id == bindparam("id_")).values(
     status=bindparam("status_"), result=bindparam("result_"), result_body=bindparam("result_body_"),
-    error=bindparam("error_"), completed_at=bindparam("now"))
+    error=bindparam("error_"), completed_at=bindparam("now"), ordered_at=bindparam("ordered_"),
+    computed_at=bindparam("computed_"))
 # /metrics' queue depth (api/metrics.py, at scrape time, not per request): unfinished futures by type and status,
 # read through ix_futures_status_created_at.
 QUEUE_DEPTH = select(FUTURES.c.request_type, FUTURES.c.status, func.count()).where(

@@ -233,8 +233,13 @@ class FutureRecord(Base):
     # X-Request-Id of the HTTP request that created it (api/request_ids.py): the engine's lines about it name it too.
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)  # claimed by the engine
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)  # result stored
+    # Phase times the engine stamps in the same UPDATE as completed_at (migration 0013; db/request_timings.py reads
+    # them): when a request held back behind a missing seq_id became runnable (None: never held), and when its
+    # compute returned (None: no separate compute step, e.g. a save, or an engine without the counting backend).
+    ordered_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    computed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # A sample's completion queue (its sampling session and cloned sampler: db/completion_queues.py), and its place
     # in that queue, handed out by retrieve_futures once it has finished (None: not finished or not yet polled).
     completion_queue: Mapped[str | None] = mapped_column(String, nullable=True)

@@ -21,6 +21,7 @@ from skyrl_tx.db.models import FutureRecord, FutureStatus
 log = logging.getLogger("skyrl_tx.engine")
 
 GAP_LOG_EVERY_S = 30.0  # how often a model still waiting for a missing seq_id says so in the log
+MAX_HELD = 100_000  # held / released request ids kept for their phase times; a bound against a leak
 
 
 class Runnable(NamedTuple):
@@ -39,6 +40,10 @@ class SeqOrder:
         self.sessions = sessions
         self._last_seq: dict[str, int] = {}  # model id → highest seq_id finished, no gap before it
         self._gaps: dict[str, tuple[int, float]] = {}  # model id → (missing seq_id, when it was last logged)
+        # Phase times (stored by the engine with each result: FutureOutcome.ordered_at): the ids a scan held back
+        # behind a gap, and when each became runnable; EngineStats.timings takes them out as the request finishes.
+        self._held: set[str] = set()
+        self.released: dict[str, datetime] = {}
 
     def runnable(self, model_id: str, queue: list[FutureRow]) -> Runnable:
         """`queue` sorted by seq_id (unsequenced requests, i.e. the unload, last)."""
@@ -59,12 +64,22 @@ class SeqOrder:
                         self._gaps.pop(model_id, None)
                         return Runnable(now + [unload], [b for b in queue[i:] if b is not unload], last + 1)
                     self._log_gap(model_id, last + 1, f)
+                    self._hold(queue[i:])
                     return Runnable(now, [], last + 1)
+            if f.id in self._held:
+                self._held.discard(f.id)
+                self.released[f.id] = datetime.now(timezone.utc)
             now.append(f)
             if f.seq_id is not None:
                 last = f.seq_id
         self._gaps.pop(model_id, None)
         return Runnable(now, [], None)
+
+    def _hold(self, waiting: list[FutureRow]) -> None:
+        if len(self._held) > MAX_HELD or len(self.released) > MAX_HELD:
+            self._held.clear()
+            self.released.clear()
+        self._held.update(f.id for f in waiting if f.seq_id is not None)
 
     def finished(self, model_id: str, seq_id: int) -> None:
         self._last_seq[model_id] = max(self._last_seq.get(model_id, 0), seq_id)

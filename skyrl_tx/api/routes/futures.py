@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skyrl_tx.api.ownership import OWNED_OUTCOME, OWNED_REQUEST
 from skyrl_tx.api.principal import CallerDep, Principal
+from skyrl_tx.api.trace.ring import ring_of
 from skyrl_tx.api.responses import (BODY_ERRORS, CancelFutureResponse, ForwardBackwardResult, RequestFailed, TryAgain,
                                      errors)
 from skyrl_tx.db import future_queries
@@ -155,6 +156,10 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, who: Ca
                 if rechecked and settings.engine != "external" and future is not None and future.status not in (
                         FutureStatus.PENDING.value, FutureStatus.RUNNING.value):
                     request.app.state.metrics.long_poll_missed_wakeups.inc()  # finished, and nobody woke this poll
+        ring = ring_of(request.app)
+        if ring is not None:  # phase times (api/trace/ring.py): this poll saw it finished; answered once sent
+            ring.woken(body.request_id)
+            request.state.answered_future = body.request_id
         return _render(future, request.headers.get("accept", ""))
     finally:
         waiters.unregister(body.request_id, waiter)

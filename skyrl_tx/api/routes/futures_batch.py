@@ -16,6 +16,7 @@ from skyrl_tx.api.ownership import owned_sampler
 from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.responses import BODY_ERRORS, FutureCompletion, FuturesRetrieveResponse, errors
 from skyrl_tx.api.routes.futures import EXTERNAL_RECHECK_S, RECHECK_S
+from skyrl_tx.api.trace.ring import ring_of
 from skyrl_tx.api.validation import INT64_MAX, check_finite, check_int_range
 from skyrl_tx.db.completion_queues import CLONE_SEQ_BLOCK, Completion, completions_since, queue_name
 from skyrl_tx.db.models import FutureStatus
@@ -99,6 +100,10 @@ async def retrieve_futures(body: RetrieveFuturesRequest, request: Request,
             waiter.event.clear()
             completions, cursor = await asyncio.to_thread(completions_since, database, queue, body.prev_cursor,
                                                           MAX_COMPLETIONS_PER_POLL)
+        ring = ring_of(request.app)
+        if ring is not None:  # phase times (api/trace/ring.py): the first poll that saw each sample finished
+            for c in completions:
+                ring.woken(c.request_id)
         return FuturesRetrieveResponse(completions=_render(completions), cursor=cursor)
     finally:
         waiters.unregister_queue(queue, waiter)

@@ -1,5 +1,5 @@
 """The RestClient's session routes: list_sessions, get_session (models, sampling clients, last heartbeat),
-assign_session_project, and export_session_trace (not available yet: a clear 400)."""
+assign_session_project, and export_session_trace (a Perfetto trace of the session's requests: api/trace/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
@@ -16,8 +16,8 @@ from skyrl_tx.api.ownership import owned_session
 from skyrl_tx.api.principal import CallerDep, Principal
 from skyrl_tx.api.request_ids import REQUEST_ID
 from skyrl_tx.api.responses import BODY_ERRORS, COMMON_ERRORS, Cursor, errors
-from skyrl_tx.api.routes.identity import NotAvailableHereError
 from skyrl_tx.api.routes.training_runs import DEFAULT_PROJECT, OWNER, page_bounds
+from skyrl_tx.api.trace.export import TraceExportResponse, trace_export
 from skyrl_tx.db import audit
 from skyrl_tx.db.models import ModelRecord, SamplingSessionRecord, SessionRecord, SessionStatus
 from skyrl_tx.errors import InvalidArgumentError
@@ -127,10 +127,10 @@ def assign_session_project(session_id: str, body: AssignProjectRequest, db: DbDe
 
 
 @router.get("/sessions/{session_id}/trace_export", responses=PATH_ERRORS)
-def export_session_trace(session_id: str, db: DbDep, who: CallerDep) -> None:
-    """Always a 400 for a session the caller sees (a 404 otherwise): this server builds no Perfetto traces yet."""
+def export_session_trace(session_id: str, request: Request, db: DbDep, who: CallerDep) -> TraceExportResponse:
+    """A Perfetto trace (.pftrace) of a session the caller sees (a 404 otherwise), built in the background: "pending"
+    until built (the SDK polls), then "ready" with a signed download URL, or "failed" with why. One track per
+    training and sampling client, a span per request split into its phases, counters of requests in flight,
+    tokens/s and request sizes (api/trace/build.py)."""
     _session(db, session_id, who, "export_session_trace")
-    raise NotAvailableHereError(
-        f"export_session_trace: trace export is not available on this server yet (session {session_id!r} exists); "
-        "its requests' timings are in the server log (one access-log line per request, with its X-Request-Id) and "
-        "on GET /metrics")
+    return trace_export(request, db, session_id, who)
