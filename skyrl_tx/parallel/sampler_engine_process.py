@@ -17,9 +17,11 @@ of its own continuous batch:
 While decoding with nothing to report it sends ("alive",) every HEARTBEAT_S, so the trainer can tell it from a hung
 one.
 
-Test hook (tests/parallel/test_sampler_engine_replacement.py): with SKYRL_TX_TEST_SAMPLER_START_GATE set to a path in
-its environment, a *replacement* engine (not one of the first ones) waits, before it loads the model, until that file
-exists (or it is told to stop): a test holds a replacement's start for as long as it needs, by construction.
+Test hooks (tests/parallel/test_sampler_engine_replacement.py), read from the environment, so a test controls when an
+engine starts or dies by construction rather than timing: with SKYRL_TX_TEST_SAMPLER_START_GATE=<path>, a
+*replacement* engine (not one of the first ones) waits, before it loads the model, until <path> exists (or it is told
+to stop); with SKYRL_TX_TEST_SAMPLER_SYNC_EXIT=<prefix>, engine i exits, the moment a sync command reaches it (the
+trainer is then inside the broadcast), if the file <prefix><i> exists (it deletes the file first: one exit per file).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from skyrl_tx.config import BackendSettings
 HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is alive this often
 
 
-START_GATE_ENV = "SKYRL_TX_TEST_SAMPLER_START_GATE"  # the test hook of the module docstring
+START_GATE_ENV = "SKYRL_TX_TEST_SAMPLER_START_GATE"  # the test hooks of the module docstring
+SYNC_EXIT_ENV = "SKYRL_TX_TEST_SAMPLER_SYNC_EXIT"
 
 
 def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, conn: Any, sync_on_cuda: bool = False,
@@ -79,6 +82,7 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, co
                     conn.send(("failed", sample_id, exc))
             elif kind == "sync":  # the trainer broadcasts right after sending this: join it at once
                 _, tag, snapshot_id, lora, resync = message
+                _exit_if_asked(index)
                 # (a resync of a version this engine holds: a sibling's catch-up, received and dropped)
                 try:
                     error, digest = backend.receive_weights(snapshot_id, lora, resync, digests)
@@ -112,3 +116,11 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, co
         elif running and time.monotonic() - last_sent >= HEARTBEAT_S:  # decoding, nothing to report: alive
             conn.send(("alive",))
             last_sent = time.monotonic()
+
+
+def _exit_if_asked(index: int) -> None:
+    """The SYNC_EXIT_ENV test hook (module docstring): this engine dies inside a sync, by construction."""
+    prefix = os.environ.get(SYNC_EXIT_ENV)
+    if prefix and os.path.exists(f"{prefix}{index}"):
+        os.remove(f"{prefix}{index}")
+        os._exit(1)

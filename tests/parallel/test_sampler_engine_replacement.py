@@ -3,7 +3,8 @@ SKYRL_TX_TEST_SAMPLER_START_GATE hook of parallel/sampler_engine_process.py) for
 goes on meanwhile holds by construction, not by timing: another user trains and syncs new sampler weights through
 the SDK, and the surviving engine serves every sample, the lost engine's included. Once released, the replacement
 joins the sync group, catches up on every version (the one synced while it was held too) and serves the same
-tokens; every request returns exactly once."""
+tokens; every request returns exactly once. Then the other engine dies inside a weight sync (the
+SKYRL_TX_TEST_SAMPLER_SYNC_EXIT hook): the sync completes for the survivor, with no restart of the engine process."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(pre
     data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 14))),
                         loss_fn_inputs={"target_tokens": list(range(6, 15)), "weights": [1.0] * 9})]
     adam = types.AdamParams(learning_rate=1e-2)
-    with live_server(backend_config=CONFIG, env={"SKYRL_TX_TEST_SAMPLER_START_GATE": str(gate)}) as url:
+    exit_in_sync = tmp_path / "exit-in-sync-"  # + the engine's index: it exits inside the next sync
+    hooks = {"SKYRL_TX_TEST_SAMPLER_START_GATE": str(gate), "SKYRL_TX_TEST_SAMPLER_SYNC_EXIT": str(exit_in_sync)}
+    with live_server(backend_config=CONFIG, env=hooks) as url:
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-replace", TINKER_TELEMETRY="0")
         try:
             with tinker.ServiceClient() as service:
@@ -62,14 +65,18 @@ def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(pre
                 children_held = spawned_children(engine)
                 gate.touch()
                 # Released: it loads, and joins at a sample step; sample until the log says it was admitted.
-                for _ in range(200):
-                    if "replaced sampler engine(s) {0: " in url.log_path.read_text(errors="replace"):
-                        break
-                    _tokens([sampler_a.sample(prompts[0], 1, params)])
+                _sample_until_admitted(url, sampler_a, prompts[0], params, "{0: ")
                 calm_a = _tokens([sampler_a.sample(p, 1, params) for p in prompts])
                 calm_b = _tokens([sampler_b.sample(p, 1, params) for p in prompts[:8]])
+                # Engine 1 exits inside the next sync (the trainer is in the broadcast): the save still succeeds,
+                # its version reaching engine 0, and samples the same before and after engine 1 is replaced.
+                exit_in_sync.with_name(exit_in_sync.name + "1").touch()
                 b.forward_backward(data, "cross_entropy").result(timeout=RESULT_TIMEOUT_S)
                 b.optim_step(adam).result(timeout=RESULT_TIMEOUT_S)
+                sampler_b2 = b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
+                one_engine_b2 = _tokens([sampler_b2.sample(p, 1, params) for p in prompts[:8]])
+                _sample_until_admitted(url, sampler_b2, prompts[0], params, "{1: ")
+                calm_b2 = _tokens([sampler_b2.sample(p, 1, params) for p in prompts])
                 b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)  # a sync to both again
         finally:
             gate.touch()  # a failed assertion must not leave the replacement held
@@ -82,10 +89,24 @@ def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(pre
     assert re.search(r"sampler engine\(s\) \[0\] lost: a replacement loads the model in the background; \d+ "
                      r"request\(s\) sent to engine\(s\) \[1\]", log_held), log_held[-3000:]
     syncs = [(int(m[1]), int(m[2]), int(m[3])) for m in SYNC_LINE.finditer(log)]
-    assert [engines for engines, _, _ in syncs] == [2, 1, 2], syncs  # a's version, b's while held, b's after
+    # a's version, b's while 0 was held, b's when 1 exited inside it (sent again to 0 alone), b's after
+    assert [engines for engines, _, _ in syncs] == [2, 1, 1, 2], syncs
     # Every request returned exactly once, with its own prompt's tokens: the same as once things were calm again,
     # when both engines serve (the replacement caught up on both versions: a's and the one synced while it was held).
     assert len(held_a) == len(prompts) and held_a == calm_a
     assert held_b == calm_b
-    assert syncs[-1][1] > syncs[1][1], syncs  # the replacement (engine 0) served requests after it was admitted
+    assert syncs[2][1] > syncs[1][1], syncs  # the replacement of engine 0 served requests after it was admitted
     assert "replaced sampler engine(s) {0: " in log, log[-3000:]
+    # The sync engine 1 died in completed for engine 0, without a restart; engine 1's replacement got that version.
+    assert "sampler engine lost while" in log and "sending it again to the live ones [0]" in log, log[-3000:]
+    assert "replaced sampler engine(s) {1: " in log, log[-3000:]
+    assert one_engine_b2 == calm_b2[:8] and one_engine_b2 != calm_b
+    assert syncs[3][2] > syncs[2][2], syncs  # the replacement of engine 1 served requests after it was admitted
+
+
+def _sample_until_admitted(url, sampler, prompt, params, engine: str) -> None:
+    """Samples (a replacement is admitted at a sample step once it holds the model) until the log says so."""
+    for _ in range(500):  # a bound, so a replacement never admitted fails the test instead of hanging it
+        if f"replaced sampler engine(s) {engine}" in url.log_path.read_text(errors="replace"):
+            return
+        _tokens([sampler.sample(prompt, 1, params)])
