@@ -96,6 +96,22 @@ def slices(trace: Any) -> tuple[dict[int, Any], list[dict[str, Any]], dict[int, 
 
 
 def test_cli_exports_a_trace_of_every_request_with_its_phases(server_url, run, tmp_path) -> None:
+    # The build runs in the background: the first poll answers pending, a later one a signed URL. (Polled here at
+    # a short interval; the CLI's SDK polls every 5 s, and then finds the trace ready and up to date.)
+    path = f"/api/v1/sessions/{run['session_id']}/trace_export"
+    with raw(server_url, "alice") as alice:
+        answers = [alice.get(path).json()]
+        while answers[-1]["status"] == "pending" and len(answers) < 1200:
+            time.sleep(0.05)
+            answers.append(alice.get(path).json())
+    assert answers[0] == {"status": "pending", "url": None, "error": None, "requests": None, "total_requests": None,
+                          "truncated": None}
+    ready = answers[-1]
+    assert ready["status"] == "ready" and ready["requests"] == ready["total_requests"] == 2 * STEPS + 2 + SAMPLES
+    assert httpx.get(ready["url"]).status_code == 200  # no key: the signature is the credential
+    forged = httpx.get(ready["url"].replace("&sig=", "&sig=0"))
+    assert forged.status_code == 400 and "signature" in forged.text
+
     out = tmp_path / "run.pftrace"
     result = export_with_cli(server_url, run["session_id"], server_url.keys["alice"], out)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -149,19 +165,7 @@ def test_another_keys_session_is_not_found(server_url, run) -> None:
     with raw(server_url, "bob") as bob:
         for path in ("trace_export", "request_timings"):
             r = bob.get(f"/api/v1/sessions/{run['session_id']}/{path}")
-            assert r.status_code == 404, r.text
-    with raw(server_url, "alice") as alice:
-        ready = None
-        for _ in range(600):  # the first call may start a build; it is ready within moments
-            ready = alice.get(f"/api/v1/sessions/{run['session_id']}/trace_export").json()
-            if ready["status"] != "pending":
-                break
-            time.sleep(0.05)
-        assert ready["status"] == "ready", ready
-        assert httpx.get(ready["url"]).status_code == 200  # no key: the signature is the credential
-        forged = ready["url"].replace("&sig=", "&sig=0")
-        r = httpx.get(forged)
-        assert r.status_code == 400 and "signature" in r.text
+            assert r.status_code == 404 and "not found" in r.text, r.text
 
 
 def test_request_timings_show_a_seq_order_wait(server_url, run) -> None:
@@ -187,3 +191,28 @@ def test_request_timings_show_a_seq_order_wait(server_url, run) -> None:
     assert "waiting for seq order" not in filler["phases_s"]
     assert held["times"]["ordered"] >= filler["times"]["stored"]  # it became runnable once the gap was filled
     assert all(r["times"]["answered"] is not None for r in after.values())
+
+
+def test_a_failed_build_is_reported_once_then_built_again() -> None:
+    from skyrl_tx.api.trace.build import BuiltTrace
+    from skyrl_tx.api.trace.jobs import TraceJobs
+
+    jobs, calls = TraceJobs(), []
+
+    def build() -> BuiltTrace:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("no database")
+        return BuiltTrace(b"", 0, 0, False)
+
+    def settled() -> str:
+        for _ in range(2000):
+            job = jobs.poll("s", (1,), build)
+            if job.status != "pending":
+                return f"{job.status}: {job.error}"
+            time.sleep(0.01)
+        raise AssertionError("never built")
+
+    assert jobs.poll("s", (1,), build).status == "pending"
+    assert settled() == "failed: building the trace failed: ValueError: no database"
+    assert settled() == "ready: None" and len(calls) == 2  # the poll after the failure built again

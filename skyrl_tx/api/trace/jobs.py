@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from skyrl_tx.api.trace.build import BuiltTrace
@@ -46,20 +46,22 @@ class TraceJobs:
         self._lock = threading.Lock()
 
     def poll(self, session_id: str, version: tuple[object, ...], build: Callable[[], BuiltTrace]) -> TraceJob:
-        """The session's job: the ready one if still up to date, the one building, or a new build started."""
+        """The session's job as it is now (a copy): the ready one if still up to date, the one building, or a new
+        build started (pending, however fast it then goes: the SDK's first poll is answered pending)."""
         with self._lock:
             job = self._jobs.get(session_id)
             if job is not None and job.status == "failed":
                 del self._jobs[session_id]  # reported once (this answer); the next poll builds again
-                return job
+                return replace(job)
             if job is not None and (job.status == "pending" or job.version == version):
-                return job
+                return replace(job)
             job = self._jobs[session_id] = TraceJob(version)
             while len(self._jobs) > self.max_kept:
                 del self._jobs[next(iter(self._jobs))]
+            answer = replace(job)
         threading.Thread(target=self._run, args=(session_id, job, build), name=f"trace-{session_id}",
                          daemon=True).start()
-        return job
+        return answer
 
     def _run(self, session_id: str, job: TraceJob, build: Callable[[], BuiltTrace]) -> None:
         started = time.perf_counter()
@@ -67,9 +69,11 @@ class TraceJobs:
             trace = build()
         except Exception as exc:  # noqa: BLE001 - reported to the client as the job's failure
             log.exception("trace export of session %s failed", session_id)
-            job.error, job.status = f"building the trace failed: {type(exc).__name__}: {exc}", "failed"
+            with self._lock:
+                job.error, job.status = f"building the trace failed: {type(exc).__name__}: {exc}", "failed"
             return
-        job.trace, job.status = trace, "ready"
+        with self._lock:
+            job.trace, job.status = trace, "ready"
         log.info("trace export of session %s: %d of %d requests, %d bytes in %.2f s%s", session_id, trace.spans,
                  trace.total, len(trace.data), time.perf_counter() - started,
                  f" (truncated to the newest {trace.spans})" if trace.truncated else "")
