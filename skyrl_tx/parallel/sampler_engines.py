@@ -157,6 +157,7 @@ class SamplerEnginesBackend:
         except BaseException:
             self._undo(snapshot_id)
             raise
+        self._restart_lost()  # an engine lost in the sync: its replacement starts now, its requests go elsewhere
         errors = [answer[3] for answer in answers]
         if any(errors):
             self._undo(snapshot_id)
