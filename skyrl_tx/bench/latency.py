@@ -8,6 +8,10 @@ the round trip: HTTP, parsing and storing the request, the long poll's wake-up, 
 requests. The peer is the same step on an in-process backend (no HTTP, database or SDK), run in the same session.
 Reported: p50 / p90 / p99 of each, and p90 / p50 and p99 / p50 of the step (the issue's targets: 2x and 4x); with
 --steps 2000 or more, also the median step of each thousand (is a step's cost independent of the futures before it?).
+Each request's own phases come from the server's per-request records (GET /api/v1/sessions/{id}/request_timings,
+the ones the session trace export draws): received -> stored (storing the request), waiting for seq order, queued
+(-> claimed), computing, storing the result, result stored -> the API's long poll woken, woken -> answered; p50 /
+p90 / p99 of each, per request type.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import multiprocessing
 import os
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from skyrl_tx.api.trace.build import PHASES
 from skyrl_tx.bench.api import percentile, server, server_timings
 from skyrl_tx.bench.report import write_json
 
@@ -67,8 +73,8 @@ def _datums(tokenizer: Any) -> list[Any]:
 Example = tuple[list[int], list[int], list[float]]  # a datum's input tokens, target tokens and weights
 
 
-def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[float], list[Example]]:
-    """Round-trip seconds of each step, and the step's datums (for the in-process peer)."""
+def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[float], list[Example], str]:
+    """Round-trip seconds of each step, the step's datums (for the in-process peer), and the session's id."""
     os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-bench", TINKER_TELEMETRY="0")
     import tinker
     from tinker import types
@@ -87,7 +93,7 @@ def sdk_steps(url: str, base_model: str, steps: int, warmup: int) -> tuple[list[
             if step >= warmup:
                 seconds.append(time.perf_counter() - start)
         return seconds, [(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist(),
-                          d.loss_fn_inputs["weights"].tolist()) for d in data]
+                          d.loss_fn_inputs["weights"].tolist()) for d in data], service.holder.get_session_id()
 
 
 def in_process_steps(base_model: str, examples: list[Example], steps: int, warmup: int) -> list[float]:
@@ -131,6 +137,25 @@ def phases(seconds: list[float], data_dir: Path, steps: int) -> dict[str, dict[s
     return out
 
 
+def request_phases(url: str, session_id: str, steps: int) -> dict[str, dict[str, float]]:
+    """Per request type of the step, each phase's percentiles over the last `steps` requests (the server's records:
+    engine times from the futures table, the API's own from its in-memory ring)."""
+    request = urllib.request.Request(f"{url}/api/v1/sessions/{session_id}/request_timings?limit=10000",
+                                     headers={"X-API-Key": "tml-bench"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        rows = json.load(response)["requests"]
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("forward_backward", "optim_step"):
+        mine = [r["phases_s"] for r in rows if r["request_type"] == kind][-steps:]
+        for phase in PHASES:  # a phase not recorded for a request is left out (no seq-order wait: 0 s)
+            values = [p.get(phase, 0.0) if phase == "waiting for seq order" else p[phase] for p in mine
+                      if phase in p or phase == "waiting for seq order"]
+            out[f"{kind}: {phase}"] = _stats(values) if values else {}
+        claimed = [p.get("waiting for seq order", 0.0) + p["queued"] for p in mine if "queued" in p]
+        out[f"{kind}: stored -> claimed"] = _stats(claimed) if claimed else {}
+    return out
+
+
 def run_latency(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m skyrl_tx.bench latency", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,8 +175,9 @@ def run_latency(argv: list[str]) -> dict[str, Any]:
         if label != "idle" and not args.hogs:
             continue
         with hogs(hog_count), server(args.base_model, 1) as live:
-            seconds, examples = sdk_steps(live.url, args.base_model, args.steps, args.warmup)
+            seconds, examples, session_id = sdk_steps(live.url, args.base_model, args.steps, args.warmup)
             runs[label] = phases(seconds, live.data_dir, args.steps)
+            runs[label].update(request_phases(live.url, session_id, args.steps))
     runs["in-process engine (peer)"] = {"step": _stats(in_process_steps(args.base_model, examples, args.steps,
                                                                         args.warmup))}
     report = {"benchmark": "latency", "base_model": args.base_model, "steps": args.steps, "runs": runs,
@@ -165,8 +191,8 @@ def run_latency(argv: list[str]) -> dict[str, Any]:
                 print(f"  median of each {HISTORY_BLOCK} steps, in order:")
                 for name, medians in stats.items():
                     print(f"    {name:<24} " + " ".join(f"{m:7.2f}" for m in medians) + " ms")
-            elif phase != "step":
-                print(f"  {phase:<26} p50 {stats['p50_ms']:7.2f}  p90 {stats['p90_ms']:7.2f}  "
+            elif phase != "step" and stats:
+                print(f"  {phase:<40} p50 {stats['p50_ms']:7.2f}  p90 {stats['p90_ms']:7.2f}  "
                       f"p99 {stats['p99_ms']:7.2f} ms")
     if args.json:
         write_json(report, args.json)
