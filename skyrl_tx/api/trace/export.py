@@ -82,7 +82,7 @@ def trace_export(request: Request, db: Session, session_id: str, who: Principal)
 
 @router.get(FILE_PREFIX.removeprefix("/api/v1") + "{name}", response_class=Response, responses={
     200: {"description": "the .pftrace (a Perfetto trace: open it in ui.perfetto.dev)", "content": {
-        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}, **errors(400, 404)})
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}, **errors(400, 404, 500)})
 def download_trace(name: str, build: str, expires: int, sig: str, request: Request, db: DbDep,
                    key: str = "") -> Response:
     """A signed URL from trace_export. Like checkpoint downloads, the key it was issued to is checked again: revoked,
@@ -130,7 +130,7 @@ def _utc(t: float | None) -> datetime | None:
     return datetime.fromtimestamp(t, timezone.utc) if t is not None else None
 
 
-@router.get("/sessions/{session_id}/request_timings", responses={**COMMON_ERRORS, **errors(404)})
+@router.get("/sessions/{session_id}/request_timings", responses={**COMMON_ERRORS, **errors(400, 404)})
 def request_timings(session_id: str, request: Request, db: DbDep, who: CallerDep,
                     limit: int = MAX_TIMINGS) -> RequestTimingsResponse:
     """The session's newest `limit` (1-10000) requests, oldest first, with the phase times the trace export draws."""
