@@ -78,6 +78,21 @@ def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(pre
                 _sample_until_admitted(url, sampler_b2, prompts[0], params, "{1: ")
                 calm_b2 = _tokens([sampler_b2.sample(p, 1, params) for p in prompts])
                 b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)  # a sync to both again
+                # No engine live: both killed while their replacements are held. Training and a save go on (the
+                # version is kept for the replacements), and samples wait for an engine instead of failing.
+                gate.unlink()
+                for pid in spawned_children(engine):
+                    os.kill(pid, signal.SIGKILL)
+                waiting = [sampler_b2.sample(p, 1, params) for p in prompts[:4]]
+                b.forward_backward(data, "cross_entropy").result(timeout=RESULT_TIMEOUT_S)
+                b.optim_step(adam).result(timeout=RESULT_TIMEOUT_S)
+                sampler_b3 = b.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
+                waiting_b3 = [sampler_b3.sample(p, 1, params) for p in prompts[:4]]
+                none_live = not any(f.future().done() for f in waiting + waiting_b3)  # held: none could run
+                gate.touch()
+                after_none_live = _tokens(waiting)
+                b3 = _tokens(waiting_b3)
+                calm_b3 = _tokens([sampler_b3.sample(p, 1, params) for p in prompts[:4]])
         finally:
             gate.touch()  # a failed assertion must not leave the replacement held
         log = url.log_path.read_text(errors="replace")
@@ -102,6 +117,10 @@ def test_training_and_the_other_engine_go_on_while_a_lost_engine_is_replaced(pre
     assert "replaced sampler engine(s) {1: " in log, log[-3000:]
     assert one_engine_b2 == calm_b2[:8] and one_engine_b2 != calm_b
     assert syncs[3][2] > syncs[2][2], syncs  # the replacement of engine 1 served requests after it was admitted
+    # With no engine live, the samples waited and then ran on the replacements, which caught up on the version
+    # saved meanwhile.
+    assert none_live and after_none_live == calm_b2[:4] and b3 == calm_b3, (after_none_live, b3, calm_b3)
+    assert "kept for the sampler engines being replaced (none is live)" in log, log[-3000:]
 
 
 def _sample_until_admitted(url, sampler, prompt, params, engine: str) -> None:
