@@ -14,7 +14,8 @@ import signal
 
 from live_server import live_server
 
-CONFIG = {"colocate_all": False, "generator.inference_engine.num_engines": 2, "inference_engine_devices": ["cpu", "cpu"]}
+CONFIG = {"colocate_all": False, "generator.inference_engine.num_engines": 2,
+          "inference_engine_devices": ["cpu", "cpu"]}
 RESULT_TIMEOUT_S = 120  # a bound, so a loop stalled by the held replacement fails the test instead of hanging it
 SYNC_LINE = re.compile(r"weight sync \d+: \S+ .* to (\d) sampler engine\(s\) .*so far: \[(\d+), (\d+)\]")
 
