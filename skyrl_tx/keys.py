@@ -92,9 +92,14 @@ def create_key(database_url: str, name: str, *, admin: bool = False, max_live_mo
         return key, KeyInfo.of(row)
 
 
+def key_infos(db: Session) -> list[KeyInfo]:
+    """Every key, oldest first (`keys list`, the console's keys page)."""
+    return [KeyInfo.of(r) for r in db.scalars(select(ApiKeyRecord).order_by(ApiKeyRecord.created_at))]
+
+
 def list_keys(database_url: str) -> list[KeyInfo]:
     with _db(database_url) as db:
-        return [KeyInfo.of(r) for r in db.scalars(select(ApiKeyRecord).order_by(ApiKeyRecord.created_at))]
+        return key_infos(db)
 
 
 def revoke_key(database_url: str, name_or_id: str) -> KeyInfo:
