@@ -12,8 +12,8 @@ DESCRIPTION = (
     "A self-hosted implementation of the Tinker training and sampling API (the tinker SDK's wire format), plus an "
     "OpenAI-compatible endpoint under /oai/api/v1 (alias /v1). Errors of the Tinker routes are "
     '{"type", "message", "detail"}; those of the OpenAI routes are OpenAI-shaped ({"error": {...}}). With '
-    "--auth keys every route except /api/v1/healthz, the docs and signed checkpoint and trace downloads needs an API key "
-    "(X-API-Key, or Authorization: Bearer).")
+    "--auth keys every route except /api/v1/healthz, the docs and signed checkpoint and trace downloads needs an API "
+    "key (X-API-Key, or Authorization: Bearer).")
 _FASTAPI_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
