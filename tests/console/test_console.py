@@ -1,8 +1,8 @@
 """The web console (/console) in headless Chromium (Debian's `chromium`, driven by Playwright) against one live keyed
 server: alice trains STEPS steps with the real SDK; she signs in and sees her session, a loss plot of exactly STEPS
-points that stays STEPS after a live refresh, her checkpoints (download links, publish, delete); bob sees none of it;
-the admin key sees keys, usage and the audit log, which a user key gets a 403 for; no page logs a console error.
-Each page's screenshot goes to ${SKYRL_TX_ARTIFACT_DIR:-build/artifacts}/console/<page>.png."""
+points that stays STEPS after a live refresh, the trace download, her checkpoints (download links, publish, delete);
+bob sees none of it; the admin key sees keys, usage and the audit log, which a user key gets a 403 for; no page logs a
+console error. Each page's screenshot goes to ${SKYRL_TX_ARTIFACT_DIR:-build/artifacts}/console/<page>.png."""
 
 from __future__ import annotations
 
@@ -146,8 +146,9 @@ def test_alice_sees_her_session_its_loss_plot_and_live_refresh(tab, server: Serv
     assert t.page.locator("svg.plot.loss circle.pt").count() == STEPS
     assert t.page.locator("#runs tr[data-run]").count() == 1
     t.page.screenshot(path=str(t.shots / "session.png"), full_page=True)
-    trace = t.page.get_attribute("#trace-download", "data-trace-url")
-    assert trace == f"/api/v1/sessions/{trained['session_id']}/trace_export"
+    with t.page.expect_download(timeout=120_000) as download:  # the API's trace export, polled until ready
+        t.page.click("#trace-download")
+    assert download.value.suggested_filename == f"{trained['session_id']}.pftrace"
 
 
 def test_checkpoints_download_publish_and_delete(tab, server: ServerUrl, trained) -> None:
