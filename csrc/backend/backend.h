@@ -5,7 +5,9 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend_config.h"
@@ -98,6 +100,10 @@ class Backend {
   /// The model's trainable tensors (LoRA factors by "<module>.lora_A.weight", or HF names for full
   /// fine-tuning) and their accumulated gradients (zeros if none), as float32 CPU copies.
   std::map<std::string, at::Tensor> trainable_state(const std::string& model_id) const;
+  /// trainable_state of the tensors named in `names` only (all when empty), as float32 or (model_dtype) in the
+  /// dtype the model holds them in: what a full fine-tune's snapshot spill writes.
+  std::map<std::string, at::Tensor> trainable_state(const std::string& model_id, const std::set<std::string>& names,
+                                                    bool model_dtype) const;
   std::map<std::string, at::Tensor> trainable_grads(const std::string& model_id) const;
   /// Bytes of optimizer state (moments, momentum, float32 master weights of bfloat16 weights) and pending gradients
   /// this rank holds for the model: a ZeRO full fine-tune holds about 1/world_size of one process's.
@@ -125,6 +131,19 @@ class Backend {
   /// A frozen full model's weights (HF names, CPU copies in the model's dtype): what load_frozen_model takes, for
   /// catching a replaced sampler engine up. Throws NotFound.
   std::map<std::string, at::Tensor> frozen_model_weights(const std::string& snapshot_id) const;
+  /// Views of a model's live trainable tensors and optimizer state (no copies; PEFT/HF names as trainable_state,
+  /// core names as optimizer_state): a recovery snapshot copies them to host memory off the engine thread while
+  /// nothing steps the model. Unimplemented when they are not whole here (tensor parallelism, ZeRO shards).
+  std::pair<std::map<std::string, at::Tensor>, OptimizerState> state_views(const std::string& model_id) const;
+
+  // ---- frozen full models share unchanged tensors (backend_frozen.cpp) ----
+  /// Per tensor of full model `model_id`, its stamp (life of the model, the tensor's version counter): equal
+  /// stamps mean equal contents, so a snapshot spill writes a tensor only when its stamp is new.
+  std::map<std::string, std::pair<int64_t, int64_t>> weight_stamps(const std::string& model_id) const;
+  /// Bytes held by the frozen full models, each tensor counted once however many snapshots share it.
+  int64_t frozen_bytes() const;
+  /// Bytes a snapshot of full model `model_id` would add now: its tensors changed since every frozen copy of it.
+  int64_t snapshot_cost(const std::string& model_id) const;
 
   // ---- sampling (backend_sampling.cpp) ----
   /// Tokenizer facts for generation: EOS ids (stop by default) and every token's bytes (stop strings).
@@ -204,7 +223,21 @@ class Backend {
   std::map<std::string, optim::DimuonState> dimuon_;    // one per Dimuon model id (its presence = the kind)
   void free_grads(const std::string& model_id);
   /// A frozen model from whole weights, or from this rank's parts (`parts`: a snapshot of a split full fine-tune).
-  void add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts);
+  /// adopt: the weights are private device tensors in the model's dtype (clones, or tensors another frozen copy
+  /// shares): kept as they are instead of copied.
+  void add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts, bool adopt = false);
+  /// A frozen copy of full model `model_id`: tensors unchanged since a frozen copy of it still held are shared with
+  /// that copy (same storage), the others cloned (backend_frozen.cpp).
+  void freeze_full_model(const std::string& model_id, const std::string& snapshot_id);
+  /// Frozen tensors of `model_id`'s current life whose content equals its live tensor's now (stamp unchanged).
+  std::map<std::string, at::Tensor> shareable_frozen(const std::string& model_id) const;
+  struct FrozenOrigin {
+    int64_t life = 0;                        // the full model's life (full_model_lives_) it was frozen from
+    std::map<std::string, int64_t> versions;  // tensor → its version counter when frozen
+  };
+  std::map<std::string, FrozenOrigin> frozen_origins_;  // snapshot id → what it is a copy of (snapshot_adapter only)
+  std::map<std::string, int64_t> full_model_lives_;      // full model id → a number no other life of any model had
+  int64_t next_life_ = 1;
 
   struct Snapshot {
     lora::LoraConfig config;

@@ -25,11 +25,8 @@ void Backend::snapshot_adapter(const std::string& adapter_id, const std::string&
   SKYRL_TX_CHECK(!snapshot_id.empty() && !snapshots_.count(snapshot_id) && !registry_.contains(snapshot_id) &&
                      !full_models_.count(snapshot_id) && !frozen_models_.count(snapshot_id),
                  Conflict, "snapshot: id '", snapshot_id, "' is empty or already in use");
-  if (auto full = full_models_.find(adapter_id); full != full_models_.end()) {
-    models::WeightMap weights;  // a frozen device copy: later optim_steps must not change what it samples
-    c10::NoGradGuard no_grad;
-    for (const auto& [name, tensor] : full->second->named_parameters()) weights[name] = tensor.detach().clone();
-    add_frozen_model(snapshot_id, std::move(weights), /*parts=*/tensor_parallel().enabled());
+  if (full_models_.count(adapter_id)) {
+    freeze_full_model(adapter_id, snapshot_id);  // unchanged tensors shared with its earlier frozen copies
     return;
   }
   const int64_t slot = registry_.slot_of(adapter_id);
@@ -50,6 +47,7 @@ void Backend::remove_snapshot(const std::string& snapshot_id) {
     drop_generator(*frozen->second, "snapshot '" + snapshot_id +
                                         "' is serving running sample requests; remove it once they finish");
     frozen_models_.erase(frozen);
+    frozen_origins_.erase(snapshot_id);  // its id may name other weights later
     return;
   }
   auto it = snapshots_.find(snapshot_id);

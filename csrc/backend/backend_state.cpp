@@ -204,7 +204,7 @@ void Backend::load_frozen_model(const std::string& snapshot_id, models::WeightMa
   add_frozen_model(snapshot_id, std::move(weights), /*parts=*/false);
 }
 
-void Backend::add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts) {
+void Backend::add_frozen_model(const std::string& snapshot_id, models::WeightMap weights, bool parts, bool adopt) {
   SKYRL_TX_CHECK(!snapshot_id.empty() && !snapshots_.count(snapshot_id) && !registry_.contains(snapshot_id) &&
                      !full_models_.count(snapshot_id) && !frozen_models_.count(snapshot_id),
                  Conflict, "snapshot: id '", snapshot_id, "' is empty or already in use");
@@ -212,6 +212,7 @@ void Backend::add_frozen_model(const std::string& snapshot_id, models::WeightMap
   options.num_slots = 1;  // sampled as is: no LoRA slots of its own
   options.max_rank = 1;
   options.weights_are_parts = parts;
+  options.adopt_weights = adopt;
   frozen_models_[snapshot_id] = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
 }
 

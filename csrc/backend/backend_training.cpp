@@ -39,6 +39,7 @@ void Backend::create_full_model(const std::string& model_id) {
   auto model = std::make_unique<models::CausalLM>(model_->config(), std::move(weights), options);
   for (const auto& [name, tensor] : model->named_parameters()) tensor.requires_grad_(true);
   full_models_[model_id] = std::move(model);
+  full_model_lives_[model_id] = next_life_++;  // its frozen copies' tensors are never shared with a later life's
   if (data_parallel()) zero_optimizers_.emplace(model_id, optim::ZeroAdamState(stepped_tensors(model_id), *collectives_, zero_bucket_elements()));
 }
 
@@ -82,6 +83,7 @@ void Backend::remove_model(const std::string& model_id) {
     drop_generator(*it->second, "unload_model: model '" + model_id +
                                     "' is serving running sample requests; unload it once they finish");
     full_models_.erase(it);
+    full_model_lives_.erase(model_id);
     optimizers_.erase(model_id);
     zero_optimizers_.erase(model_id);
     dimuon_.erase(model_id);
@@ -109,9 +111,16 @@ std::vector<optim::TrainableTensor> Backend::trainable_tensors(const std::string
 }
 
 std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& model_id) const {
+  return trainable_state(model_id, {}, false);
+}
+
+std::map<std::string, at::Tensor> Backend::trainable_state(const std::string& model_id,
+                                                           const std::set<std::string>& names, bool model_dtype) const {
   std::map<std::string, at::Tensor> out;
   for (const auto& t : trainable_tensors(model_id)) {
-    out[t.name] = whole(t, t.param).to(at::kCPU, at::kFloat, false, true);  // gathered under tensor parallelism
+    if (!names.empty() && !names.count(t.name)) continue;  // the same on every rank: the gathers stay in step
+    const at::ScalarType dtype = model_dtype ? t.param.scalar_type() : at::kFloat;
+    out[t.name] = whole(t, t.param).to(at::kCPU, dtype, false, true);  // gathered under tensor parallelism
   }
   return out;
 }

@@ -43,7 +43,14 @@ void bind_backend(py::module_& m) {
            py::arg("model_id"), py::arg("params"), Release())
       .def("set_optimizer_kind", &Backend::set_optimizer_kind, py::arg("model_id"), py::arg("kind"), Release())
       .def("optimizer_kind", &Backend::optimizer_kind, py::arg("model_id"))
-      .def("trainable_state", &Backend::trainable_state, py::arg("model_id"), Release())
+      .def("trainable_state",
+           py::overload_cast<const std::string&, const std::set<std::string>&, bool>(&Backend::trainable_state,
+                                                                                   py::const_),
+           py::arg("model_id"), py::arg("names") = std::set<std::string>(), py::arg("model_dtype") = false, Release())
+      .def("state_views", &Backend::state_views, py::arg("model_id"), Release())
+      .def("weight_stamps", &Backend::weight_stamps, py::arg("model_id"))
+      .def("frozen_bytes", &Backend::frozen_bytes)
+      .def("snapshot_cost", &Backend::snapshot_cost, py::arg("model_id"))
       .def("trainable_grads", &Backend::trainable_grads, py::arg("model_id"), Release())
       .def("optimizer_state_bytes", &Backend::optimizer_state_bytes, py::arg("model_id"))
       .def("set_tokenizer_info", &Backend::set_tokenizer_info, py::arg("eos_tokens"), py::arg("token_bytes"))

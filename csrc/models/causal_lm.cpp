@@ -44,7 +44,8 @@ CausalLM::CausalLM(const ModelConfig& config, WeightMap weights, const ModelOpti
       options_(options),
       vocab_shard_(options.tensor_parallel.shard(config.vocab_size)),
       rope_(config_, options.device) {
-  WeightStore store(std::move(weights), options.dtype, options.device, options.weights_are_parts);
+  WeightStore store(std::move(weights), options.dtype, options.device, options.weights_are_parts,
+                    options.adopt_weights);
   const dist::TensorParallel& tp = options_.tensor_parallel;
   if (options.split_experts && options.experts_over_data_parallel) {
     expert_parallel_ = dist::ExpertParallel(dist::TensorParallel(options.experts_over_data_parallel), true);

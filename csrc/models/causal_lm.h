@@ -25,6 +25,9 @@ struct ModelOptions {
   dist::TensorParallel tensor_parallel;
   /// The weights given are already this rank's parts (a copy of a split model: a full fine-tune, a snapshot).
   bool weights_are_parts = false;
+  /// The weights given are private tensors already on the device in the model's dtype (a frozen copy's clones, or
+  /// tensors it shares with another frozen copy): kept as they are, not copied.
+  bool adopt_weights = false;
   /// Expert parallelism: each rank holds and runs its share of every MoE layer's experts (the rest of the MoE
   /// layer stays replicated), over the tensor-parallel group ...
   bool split_experts = false;

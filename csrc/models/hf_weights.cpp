@@ -33,8 +33,8 @@ at::Tensor WeightStore::take_owned(const std::string& name, at::IntArrayRef shap
   return at::empty({0, 0}, at::TensorOptions().dtype(dtype_).device(device_));
 }
 
-WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts)
-    : weights_(std::move(weights)), dtype_(dtype), device_(device), holds_parts_(holds_parts) {}
+WeightStore::WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts, bool adopt)
+    : weights_(std::move(weights)), dtype_(dtype), device_(device), holds_parts_(holds_parts), adopt_(adopt) {}
 
 at::Tensor WeightStore::take_part(const std::string& name, at::IntArrayRef shape, int64_t dim,
                                   const dist::TensorParallel& tp) {
@@ -83,7 +83,8 @@ at::Tensor WeightStore::take_optional(const std::string& name, at::IntArrayRef s
     mismatched_.push_back(str_cat(name, " (got ", shape_str(t), ", expected ", shape, ")"));
     return at::zeros(shape, at::TensorOptions().dtype(dtype_).device(device_));
   }
-  // Always a copy: `t` may be a view of the checkpoint file's memory map (models/safetensors_mmap.py), which the
+  if (adopt_ && t.device() == device_ && t.scalar_type() == dtype_ && t.is_contiguous()) return t;
+  // Else a copy: `t` may be a view of the checkpoint file's memory map (models/safetensors_mmap.py), which the
   // model must not keep (a file replaced under a running server would take its weights with it).
   return t.to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }

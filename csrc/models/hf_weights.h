@@ -20,7 +20,10 @@ using WeightMap = std::unordered_map<std::string, at::Tensor>;
 class WeightStore {
  public:
   /// holds_parts: the tensors are already one tensor-parallel rank's parts (a copy of a split model), not whole.
-  WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts = false);
+  /// adopt: a tensor already on the device, in the dtype and contiguous is taken as is (the caller gives up its
+  /// own use of it), not copied.
+  WeightStore(WeightMap weights, at::ScalarType dtype, at::Device device, bool holds_parts = false,
+              bool adopt = false);
 
   /// Removes `name` and returns it cast to the compute dtype on the device. A missing or mis-shaped
   /// key is recorded and a zero placeholder of `shape` returned so construction can continue.
@@ -47,6 +50,7 @@ class WeightStore {
   at::ScalarType dtype_;
   at::Device device_;
   bool holds_parts_;
+  bool adopt_;
   std::map<std::string, dist::TensorSplit> splits_;
   std::vector<std::string> missing_;
   std::vector<std::string> mismatched_;

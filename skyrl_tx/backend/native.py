@@ -212,9 +212,30 @@ class NativeBackend:
             setattr(native, f.name, float(getattr(params, f.name)))
         return dict(self._core.optim_step(model_id, native))
 
-    def trainable_state(self, model_id: str) -> dict[str, torch.Tensor]:
-        """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies."""
-        return peft_names(self._core.trainable_state(model_id), self.text_prefix)
+    def trainable_state(self, model_id: str, names: set[str] | None = None,
+                        model_dtype: bool = False) -> dict[str, torch.Tensor]:
+        """PEFT names for LoRA adapters, HF names for full fine-tuning; float32 CPU copies. `names` (a full model's
+        HF names): only those; model_dtype: in the dtype the model holds them (a snapshot spill's bytes)."""
+        return peft_names(self._core.trainable_state(model_id, set(names or ()), model_dtype), self.text_prefix)
+
+    def state_views(self, model_id: str) -> tuple[dict[str, torch.Tensor], Any]:
+        """The live trainable tensors (trainable_state's names) and optimizer state (an OptimizerState of views), not
+        copies: copied off the engine thread while the model does not step (engine/recovery_state.py). The core
+        refuses (UnimplementedError) a model split over ranks."""
+        weights, optimizer = self._core.state_views(model_id)
+        return peft_names(weights, self.text_prefix), optimizer
+
+    def weight_stamps(self, model_id: str) -> dict[str, tuple[int, int]]:
+        """A full model's tensors' stamps: an equal stamp means equal contents (engine/snapshot_memory.py)."""
+        return dict(self._core.weight_stamps(model_id))
+
+    def frozen_bytes(self) -> int:
+        """Bytes the frozen full models (full fine-tuning snapshots) hold, shared tensors counted once."""
+        return int(self._core.frozen_bytes())
+
+    def snapshot_cost(self, model_id: str) -> int:
+        """Bytes a snapshot of full model `model_id` would add now (its tensors no frozen copy shares)."""
+        return int(self._core.snapshot_cost(model_id))
 
     def trainable_grads(self, model_id: str) -> dict[str, torch.Tensor]:
         return peft_names(self._core.trainable_grads(model_id), self.text_prefix)

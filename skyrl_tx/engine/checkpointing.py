@@ -206,8 +206,8 @@ class Checkpointer:
         if not self._is_full(model_id):
             self.backend.snapshot(model_id, snapshot_id)
             return
-        named = snapshot_id.startswith("tinker://")  # reloads from its checkpoint: no host copy needed
-        self.snapshot_memory.freeze(model_id, snapshot_id, None if named else self.backend.trainable_state(model_id))
+        # An ephemeral one's spill reads only the tensors no earlier spill of the model holds (snapshot_memory.py).
+        self.snapshot_memory.freeze(model_id, snapshot_id)
 
     def has_snapshot(self, snapshot_id: str) -> bool:
         """In memory, or evicted to disk and loaded back when sampled."""
