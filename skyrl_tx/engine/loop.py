@@ -125,6 +125,7 @@ class EngineLoop(SaveSteps):
             queue.sort(key=lambda f: (f.seq_id is None, f.seq_id or 0))  # unseq'd (unload) goes last
             by_model[model_id] = self._in_order(model_id, queue)
         ran += self._run_saves(by_model)  # stores finished saves; starts new ones; a saving model's queue waits
+        recovery_state.snapshotter(self).hold_copying(by_model)  # a model whose recovery copy runs waits
         ran += self._run_unloads(by_model)  # first: a closed session's slots are free for the creates below
         for f in creates:
             self._run_single(f, self._create_model if f.request_type == "create_model" else self._create_custom_loss)

@@ -1,10 +1,17 @@
 """RecoverySnapshots: periodic internal snapshots of each model's state, so a restart replays only a bounded tail.
 
 Right after an optim_step (when no gradients are pending) every SNAPSHOT_EVERY_STEPS optim steps, or after
-SNAPSHOT_EVERY_S seconds, the engine thread copies the model's trainable tensors and AdamW state to host memory
-(the backend returns copies); a background thread serialises them, publishes the directory atomically in the
-checkpoint store (temp name, rename), fsyncs it, and only then records a RecoverySnapshotRecord. A restart
-(engine/replay.py) loads the newest usable snapshot and replays only the completed requests after it.
+SNAPSHOT_EVERY_S seconds, the model's trainable tensors and optimizer state are copied to host memory; a
+background thread serialises them, publishes the directory atomically in the checkpoint store (temp name,
+rename), fsyncs it, and only then records a RecoverySnapshotRecord. A restart (engine/replay.py) loads the
+newest usable snapshot and replays only the completed requests after it.
+
+The copy runs off the engine thread (for a bf16 8B full fine-tune it is ~96 GB of float32 masters and moments):
+the engine thread takes views of the live tensors (backend.state_views, no copy) and a copier thread copies them,
+while the loop goes on serving other models and every sample. The snapshot must be the state right after that
+optim_step, so until the copy ends the model's own queue is held (hold_copying, called by each loop step): none
+of its requests runs, and nothing else writes its tensors. A backend whose state is split over ranks (tensor
+parallelism, ZeRO) has no views: its copies are made on the engine thread, as the collectives require.
 
 A snapshot is usable when the optim_step it follows is stored as completed (the engine can die between the copy
 and storing that result: the step then runs again) and when it does not postdate a sampler snapshot the
@@ -19,8 +26,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,12 +41,14 @@ from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.db.models import (FutureRecord, FutureStatus, ModelRecord, RecoverySnapshotRecord,
                                 SamplingSessionRecord)
 from skyrl_tx.engine import snapshots
+from skyrl_tx.errors import UnimplementedError
 
 log = logging.getLogger("skyrl_tx.engine")
 
 RECOVERY_DIR = "_recovery"  # under the checkpoint store's root; never a training run id (those contain ':')
 SNAPSHOT_EVERY_STEPS = 50  # defaults of the backend-config keys recovery_snapshot_every_steps / _every_s
 SNAPSHOT_EVERY_S = 600.0
+COPY_THREADS = 8  # recovery copies in flight at once (each of a different model: a copying model does not step)
 
 
 def recovery_base(db: Session, model_id: str) -> RecoverySnapshotRecord | None:
@@ -77,11 +88,14 @@ def snapshotter(loop: Any) -> RecoverySnapshots:
             loop.backend, loop.checkpointer.store, loop.sessions,
             every_steps=getattr(settings, "recovery_snapshot_every_steps", SNAPSHOT_EVERY_STEPS),
             every_s=getattr(settings, "recovery_snapshot_every_s", SNAPSHOT_EVERY_S))
+        # A copy that ends wakes an idle engine (run_engine sets the saves' wake-up) so the held model goes on.
+        found.on_copied = lambda: loop.checkpointer.saves.on_done()
     return found
 
 
 class RecoverySnapshots:
-    """after_optim_step runs on the engine thread; the writes run on one background thread."""
+    """after_optim_step and hold_copying run on the engine thread; copies on the copier threads, writes on one
+    writer thread."""
 
     def __init__(self, backend: Any, store: CheckpointStore, sessions: sessionmaker[Session],
                  every_steps: int = SNAPSHOT_EVERY_STEPS, every_s: float = SNAPSHOT_EVERY_S,
@@ -92,12 +106,18 @@ class RecoverySnapshots:
         self.every_steps = every_steps
         self.every_s = every_s
         # A due snapshot while the model's previous one is still being written is skipped (taken after a later
-        # step) unless wait_if_busy: then the engine waits for the write, which makes the snapshot points exact.
+        # step) unless wait_if_busy: then the engine waits for the write (and for each copy), which makes the
+        # snapshot points exact.
         self.wait_if_busy = wait_if_busy
         self._steps: dict[str, int] = {}  # model id → optim steps since its last snapshot
         self._last: dict[str, float] = {}  # model id → monotonic time of its last snapshot (or first step seen)
         self._writing: dict[str, Future[None]] = {}  # at most one write in flight per model (bounds memory)
+        self._copying: dict[str, Future[None]] = {}  # model id → its copy off the engine thread (its queue waits)
+        self._lock = threading.Lock()  # _writing is set by the copier thread
+        # Copies of different models run side by side: one model's long copy must not hold another model's queue.
+        self._copier = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="skyrl-tx-recovery-copy")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-tx-recovery-snapshots")
+        self.on_copied: Any = lambda: None  # called on the copier thread when a copy ends
 
     def after_optim_step(self, model_id: str, seq_id: int | None) -> bool:
         """Called right after a successful optim_step of `model_id` (stored with `seq_id`); takes a snapshot when
@@ -109,29 +129,90 @@ class RecoverySnapshots:
         last = self._last.setdefault(model_id, now)
         if steps < self.every_steps and now - last < self.every_s:
             return False
-        busy = self._writing.get(model_id)
+        with self._lock:
+            busy = self._writing.get(model_id)
         if busy is not None and not busy.done():
             if not self.wait_if_busy:
                 return False
             busy.exception()  # the previous one is still being written: try again after the next step
         try:
             taken_at = datetime.now(timezone.utc)
-            state = self.backend.trainable_state(model_id)  # host float32 copies: training may go on at once
-            optimizer = self.backend.optimizer_state(model_id)  # host copies of the AdamW moments
-            self._writing[model_id] = self._writer.submit(self._write, model_id, seq_id, taken_at, state, optimizer)
+            views = self._views(model_id)
+            if views is None:  # split over ranks: copied here, where the collectives run
+                state = self.backend.trainable_state(model_id)  # host float32 copies: training may go on at once
+                optimizer = self.backend.optimizer_state(model_id)  # host copies of the AdamW moments
+                self._submit_write(model_id, seq_id, taken_at, state, optimizer)
+            else:
+                self._copying[model_id] = self._copier.submit(self._copy, model_id, seq_id, taken_at, *views)
+                if self.wait_if_busy:  # exact snapshot points (tests): the engine waits for the copy too
+                    self._copying[model_id].exception()
         except Exception:  # noqa: BLE001
             log.exception("recovery snapshot of model %s failed (replay after a restart will be longer)", model_id)
             return False
         self._steps[model_id], self._last[model_id] = 0, now
         return True
 
+    def hold_copying(self, by_model: dict[str, list[Any]]) -> None:
+        """Engine thread, each loop step: the queue of a model whose state is being copied waits (emptied for this
+        step; its requests stay pending), so the copy is of the state right after its optim_step."""
+        for model_id, copy in list(self._copying.items()):
+            if copy.done():
+                del self._copying[model_id]
+            elif model_id in by_model:
+                by_model[model_id].clear()
+
+    def copying(self, model_id: str) -> bool:
+        copy = self._copying.get(model_id)
+        return copy is not None and not copy.done()
+
     def flush(self) -> None:
-        """Waits for the writes in flight (tests, shutdown)."""
-        for f in list(self._writing.values()):
+        """Waits for the copies and writes in flight (tests, shutdown)."""
+        for f in list(self._copying.values()):
+            f.exception()
+        with self._lock:
+            writing = list(self._writing.values())
+        for f in writing:
             f.exception()
 
     def close(self) -> None:
+        self._copier.shutdown(wait=True)
         self._writer.shutdown(wait=True)
+
+    def _views(self, model_id: str) -> tuple[dict[str, Any], Any] | None:
+        views = getattr(self.backend, "state_views", None)
+        if views is None:
+            return None
+        try:
+            weights, optimizer = views(model_id)
+        except UnimplementedError:
+            return None
+        if any(t.is_cuda for t in weights.values()):
+            import torch
+
+            # The step's kernels may still be queued on the engine thread's stream: the copier's stream must not
+            # read the tensors before they finish.
+            torch.cuda.synchronize()
+        return weights, optimizer
+
+    def _submit_write(self, model_id: str, seq_id: int, taken_at: datetime, state: dict[str, Any],
+                      optimizer: Any) -> None:
+        with self._lock:
+            self._writing[model_id] = self._writer.submit(self._write, model_id, seq_id, taken_at, state, optimizer)
+
+    # ---- copier thread -----------------------------------------------------------------------------
+    def _copy(self, model_id: str, seq_id: int, taken_at: datetime, weights: dict[str, Any], optimizer: Any) -> None:
+        """Host float32 copies of the views (what trainable_state and optimizer_state return), then the write."""
+        try:
+            state, host = host_copies(weights, optimizer)
+            self._submit_write(model_id, seq_id, taken_at, state, host)
+        except Exception:  # noqa: BLE001 - a missed snapshot only makes a later replay longer
+            log.exception("copying the recovery snapshot of model %s failed", model_id)
+        finally:
+            del weights, optimizer  # the views: nothing of the model is held past the copy
+            try:
+                self.on_copied()
+            except Exception:  # noqa: BLE001 - a failed wake-up only delays the model to the engine's idle poll
+                log.exception("recovery copy finished, but waking the engine failed")
 
     # ---- background thread -------------------------------------------------------------------------
     def _write(self, model_id: str, seq_id: int, taken_at: datetime, state: dict[str, Any], optimizer: Any) -> None:
@@ -185,6 +266,30 @@ class RecoverySnapshots:
                 self.store.delete(p)
                 removed += 1
         return removed
+
+
+@dataclass
+class HostOptimizerState:
+    """optimizer_state's fields as host copies (what formats.optimizer_files reads)."""
+
+    kind: str
+    step: int
+    exp_avg: dict[str, Any]
+    exp_avg_sq: dict[str, Any]
+    momentum: dict[str, Any]
+    master: dict[str, Any]
+
+
+def host_copies(weights: dict[str, Any], optimizer: Any) -> tuple[dict[str, Any], HostOptimizerState]:
+    """Float32 CPU copies of state_views' tensors (torch releases the GIL while each copies)."""
+    import torch
+
+    def copy(tensors: dict[str, Any]) -> dict[str, Any]:
+        return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in tensors.items()}
+
+    return copy(weights), HostOptimizerState(optimizer.kind, int(optimizer.step), copy(optimizer.exp_avg),
+                                             copy(optimizer.exp_avg_sq), copy(optimizer.momentum),
+                                             copy(optimizer.master))
 
 
 def _fsync_tree(location: str) -> None:
