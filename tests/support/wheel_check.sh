@@ -20,9 +20,16 @@ cleanup() {  # never fails: the script's own status is the verdict
 }
 trap cleanup EXIT
 
-rm -rf dist && "$PY" -m pip wheel -q . --no-build-isolation --no-deps -w dist "${BUILD_ARGS[@]}"
+# --build: only package dist/ (it runs the build in build/py, so nothing else may use build/py meanwhile); --check:
+# only install and serve the wheel already in dist/ (network- and disk-bound: tests/run_all.sh runs it beside ctest).
+MODE=${1:-all}
+case "$MODE" in all|--build|--check) ;; *) echo "usage: $0 [--build|--check]" >&2; exit 2 ;; esac
+if [ "$MODE" != --check ]; then
+  rm -rf dist && "$PY" -m pip wheel -q . --no-build-isolation --no-deps -w dist "${BUILD_ARGS[@]}"
+fi
 WHEEL=$(ls dist/skyrl_tx-*.whl)
 echo "wheel: $WHEEL ($(du -h "$WHEEL" | cut -f1))"
+[ "$MODE" = --build ] && exit 0
 python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install -q "$WHEEL" "tinker==0.38.0"
 
