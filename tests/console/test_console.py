@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ from keyed_server import keyed_server, service_clients
 from live_server import REPO, ServerUrl
 from tinker import types
 
+from skyrl_tx.keys import revoke_key
+
 STEPS = 3
-KEYS = {"alice": {}, "bob": {}, "root": {"admin": True}}
+KEYS = {"alice": {}, "bob": {}, "root": {"admin": True}, "carol": {}}
 TOKENS = list(range(5, 21))
 COOKIE = "skyrl_tx_console_key"
 
@@ -85,7 +88,8 @@ class Tab:
         self.context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 900})
         self.page = self.context.new_page()
         self.shots, self.errors, self.expected_status = shots, [], None
-        self.page.on("console", lambda m: m.type == "error" and not self._expected(m.text) and self.errors.append(m.text))
+        self.page.on("console", lambda m: m.type == "error" and not self._expected(m.text)
+                     and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
 
     def _expected(self, text: str) -> bool:
@@ -131,6 +135,25 @@ def test_sign_in_is_required_and_a_wrong_key_is_refused(tab, server: ServerUrl) 
     t.expected_status = 401
     t.page.click("form.sign-in button[type=submit]")
     assert "unknown API key" in t.page.inner_text("#sign-in-error")
+
+
+def test_sign_out_and_a_revoked_key_send_the_browser_back_to_sign_in(tab, server: ServerUrl) -> None:
+    t = tab()
+    t.sign_in(server.keys["carol"])
+    t.page.click("header button:text('Sign out')")
+    t.page.wait_for_url(re.compile(r".*/console/sign-in$"))
+    t.go("/console/checkpoints")
+    assert t.page.url.endswith("/console/sign-in?next=/console/checkpoints")
+    t.sign_in(server.keys["carol"])
+    revoke_key(server.database_url, "carol")
+    for _ in range(100):  # the server re-reads a key at least once a second (api/auth.py CACHE_TTL_S)
+        t.go("/console/sessions")
+        if "/console/sign-in" in t.page.url:
+            break
+        time.sleep(0.1)
+    assert t.page.url.endswith("/console/sign-in?next=/console/sessions&reason=revoked")
+    assert "revoked" in t.page.inner_text("#sign-in-error")
+    assert COOKIE not in {c["name"] for c in t.context.cookies()}
 
 
 def test_alice_sees_her_session_its_loss_plot_and_live_refresh(tab, server: ServerUrl, trained) -> None:
@@ -208,8 +231,8 @@ def test_the_admin_key_sees_keys_usage_and_the_audit_log(tab, server: ServerUrl,
     t.sign_in(server.keys["root"])
     assert t.page.locator(f'tr[data-session="{trained["session_id"]}"]').count() == 1  # every key's sessions
     t.go("/console/admin/keys", shot="keys")
-    assert {t.page.get_attribute(f"#keys tr[data-key]:nth-child({i + 1})", "data-key") for i in range(3)} == \
-        set(KEYS)
+    rows = t.page.locator("#keys tr[data-key]")
+    assert {rows.nth(i).get_attribute("data-key") for i in range(rows.count())} == set(KEYS)
     t.go("/console/admin/usage", shot="usage")
     assert "alice" in t.page.inner_text("#usage-totals")
     t.go("/console/admin/audit", shot="audit")

@@ -69,8 +69,8 @@ def _with_key(scope: Scope, key: str) -> Scope:
     return {**scope, "headers": [*scope["headers"], (b"x-api-key", key.encode("latin-1"))]}
 
 
-def _safe_next(path: str | None) -> str:
-    """Only a console path: a sign-in link can never send the browser elsewhere."""
+def console_path(path: str | None) -> str:
+    """Only a console path (else the sessions page): a link or form can never send the browser elsewhere."""
     if path and path.startswith(PREFIX + "/") and not path.startswith("//") and "\\" not in path:
         return path
     return HOME
@@ -80,10 +80,18 @@ def _secure(request: Request) -> bool:
     return request.url.scheme == "https" or request.app.state.settings.public_base_url().startswith("https://")
 
 
-def sign_in_redirect(path: str, error: str | None = None) -> RedirectResponse:
-    target = f"{SIGN_IN}?next={quote(path)}" + (f"&error={quote(error)}" if error else "")
-    response = RedirectResponse(target, status_code=303)
-    if error:  # a revoked or unknown key: forget it
+# Why a signed-in browser was sent back to sign in: a code in the URL, never free text (a crafted link could
+# otherwise put any words in the page's error box).
+REASONS = {"revoked": "your API key was revoked; sign in with another one",
+           "unknown": "this server no longer knows your API key; sign in with a current one"}
+
+
+def sign_in_redirect(path: str, refused: str | None = None) -> RedirectResponse:
+    """To the sign-in page, back to `path` after; `refused`: why the cookie's key stopped working (it is forgotten)."""
+    reason = None if refused is None else "revoked" if " was revoked" in refused else "unknown"
+    response = RedirectResponse(f"{SIGN_IN}?next={quote(path)}" + (f"&reason={reason}" if reason else ""),
+                                status_code=303)
+    if reason:
         response.delete_cookie(COOKIE, path="/")
     return response
 
@@ -140,13 +148,13 @@ def open_pages(keyring: KeyRing | None) -> Router:
         if keyring is None:
             return RedirectResponse(HOME, status_code=303)
         if request.method == "GET":
-            return render(request, "sign_in.html", next=_safe_next(request.query_params.get("next")),
-                          error=request.query_params.get("error"), who=None)
+            return render(request, "sign_in.html", next=console_path(request.query_params.get("next")),
+                          error=REASONS.get(request.query_params.get("reason", "")), who=None)
         if not same_origin(request.scope):
             return render(request, "error.html", status=403, who=None, title="Refused",
                           message="sign-in: the form was sent from another site")
         form = await form_of(request)
-        key, target = form.get("api_key", "").strip(), _safe_next(form.get("next"))
+        key, target = form.get("api_key", "").strip(), console_path(form.get("next"))
         outcome = await keyring.resolve(key) if key else "sign-in: enter an API key (tml-...)"
         if isinstance(outcome, str):
             return render(request, "sign_in.html", status=401, next=target, error=outcome, who=None)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from markupsafe import Markup
 
 from skyrl_tx.api.auth import presented_key
-from skyrl_tx.api.console.gate import HOME, csrf_token, form_of, same_origin
+from skyrl_tx.api.console.gate import HOME, console_path, csrf_token, form_of, same_origin
 from skyrl_tx.api.console.plots import Series, line_plot
 from skyrl_tx.api.console.render import ConsoleRoute, render
 from skyrl_tx.api.console.session_metrics import inflight, run_steps
@@ -133,5 +133,4 @@ async def checkpoint_action(run_id: str, kind: str, name: str, action: str, requ
                 ACTIONS[action](run_id, kind, name, db, who)
 
     await asyncio.to_thread(work)
-    back = form.get("back", "")
-    return RedirectResponse(back if back.startswith("/console/") else "/console/checkpoints", status_code=303)
+    return RedirectResponse(console_path(form.get("back")), status_code=303)
