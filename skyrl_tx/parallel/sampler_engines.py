@@ -22,7 +22,9 @@ process.
 Commands and results travel over one pipe per sampler engine; the engine loop's single thread is the only caller.
 The trainer may be rank 0 of a data-parallel group: the sync group is a group of its own (parallel/group.py
 join_side_group). A sampler engine of T tensor-parallel ranks puts every rank in the sync group (the trainer is rank
-0, engine e's ranks 1 + e*T ... e*T + T): each receives the broadcast itself and keeps its part.
+0, the group's m-th member engine's ranks 1 + m*T ... m*T + T): each receives the broadcast itself and keeps its part.
+The group's collectives and joins time out after max(60 s, inference_engine_timeout_s) (its members hold the model
+already); before, a join waited up to the 600 s a model load may take.
 """
 
 from __future__ import annotations
