@@ -27,7 +27,7 @@ def weights_digest(tensors: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model before it joins the sync group
+JOIN_TIMEOUT_S = 600.0  # a sampler engine loads the base model within this (sampler_engine_pool.START_TIMEOUT_S)
 SYNC_BUCKET_BYTES = 64 << 20
 
 
