@@ -23,6 +23,7 @@ from skyrl_tx.wire.codec import decode_forward_backward_output
 F, M = FutureRecord.__table__, ModelRecord.__table__
 MAX_STEPS = 2000  # per run: the newest; a plot of more points says nothing more
 MAX_EVENTS = 4000  # in-flight changes: the newest
+WINDOW_S = 600.0  # the in-flight plot shows the last ten minutes (or less, since the session's first request)
 CACHE_MAX = 100_000  # finished steps whose (loss, tokens) are kept: a finished future never changes
 INFLIGHT = (FutureStatus.PENDING.value, FutureStatus.RUNNING.value)
 
@@ -98,8 +99,8 @@ def run_steps(db: Session, run_ids: list[str], cache: StepCache) -> list[RunStep
 
 
 def inflight(db: Session, session_id: str, now: datetime) -> tuple[list[tuple[float, int]], int]:
-    """Requests of the session (its runs' and its own: samples, model creation) queued or running over time, as
-    (seconds before now, count) at each change, oldest first; and the count now."""
+    """Requests of the session (its runs' and its own: samples, model creation) queued or running over the last
+    WINDOW_S seconds, as (seconds before now, count) at each change, oldest first; and the count now."""
     rows = db.execute(select(F.c.created_at, F.c.completed_at, F.c.status)
                       .where(or_(F.c.model_id.in_(select(M.c.id).where(M.c.session_id == session_id)),
                                  F.c.session_id == session_id))
@@ -115,6 +116,10 @@ def inflight(db: Session, session_id: str, now: datetime) -> tuple[list[tuple[fl
         level += delta
         series.append((-(now - at).total_seconds(), level))
     current = sum(1 for row in rows if row.status in INFLIGHT)
-    if series:  # the level holds until now
-        series.append((0.0, current))
-    return series, current
+    if not series:
+        return series, current
+    series.append((0.0, current))  # the level holds until now
+    shown = [point for point in series if point[0] >= -WINDOW_S]
+    if len(shown) < len(series):  # the window opens at the level the last change before it left
+        shown.insert(0, (-WINDOW_S, series[len(series) - len(shown) - 1][1]))
+    return shown, current
