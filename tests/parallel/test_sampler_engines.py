@@ -143,8 +143,9 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
             assert max(abs(a - b) for a, b in zip(again_logprobs, first_logprobs)) <= 1e-6, (name, version)
 
 
-@pytest.mark.parametrize("fault,full_version,engine_ranks", [("killed", False, 1), ("hung", False, 1),
-                                                             ("killed", True, 1), ("killed", True, 2)])
+# (a kill with LoRA versions only: tests/parallel/test_sampler_engine_replacement.py, which also holds the replacement)
+@pytest.mark.parametrize("fault,full_version,engine_ranks", [("hung", False, 1), ("killed", True, 1),
+                                                             ("killed", True, 2)])
 def test_a_sampler_engine_lost_in_a_burst_loses_no_request(preset_cache, fault: str, full_version: bool,
                                                            engine_ranks: int) -> None:
     """kill -9 (or SIGSTOP: hung, silent past inference_engine_timeout_s) of a sampler engine while 200 sample
