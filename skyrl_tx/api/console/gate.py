@@ -45,14 +45,16 @@ def csrf_token(secret: bytes, key: str | None) -> str:
     return hmac.new(secret, b"skyrl_tx console csrf\0" + (key or "").encode(), hashlib.sha256).hexdigest()
 
 
-def same_origin(scope: Scope) -> bool:
-    """A browser names the page that sent a POST (Origin, else Sec-Fetch-Site); anything naming another site is
-    refused. Clients that send neither (curl, tests) still need the CSRF token."""
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+def same_origin(request: Request) -> bool:
+    """A browser names the page that sent a POST (Origin, Sec-Fetch-Site); anything naming another site is refused.
+    This server's own origin is the Host it was asked at, or its --public-url (a proxy may rewrite Host). Clients
+    that send neither header (curl, tests) still need the CSRF token."""
+    headers = request.headers
     if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         return False
     origin = headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == headers.get("host", "")
+    public = urlsplit(request.app.state.settings.public_base_url()).netloc
+    return origin is None or urlsplit(origin).netloc in (headers.get("host", ""), public)
 
 
 def cookie_key(scope: Scope) -> str | None:
@@ -150,7 +152,7 @@ def open_pages(keyring: KeyRing | None) -> Router:
         if request.method == "GET":
             return render(request, "sign_in.html", next=console_path(request.query_params.get("next")),
                           error=REASONS.get(request.query_params.get("reason", "")), who=None)
-        if not same_origin(request.scope):
+        if not same_origin(request):
             return render(request, "error.html", status=403, who=None, title="Refused",
                           message="sign-in: the form was sent from another site")
         form = await form_of(request)
@@ -163,7 +165,7 @@ def open_pages(keyring: KeyRing | None) -> Router:
         return response
 
     async def sign_out(request: Request) -> Response:
-        if not same_origin(request.scope):
+        if not same_origin(request):
             return render(request, "error.html", status=403, who=None, title="Refused",
                           message="sign-out: the form was sent from another site")
         response = RedirectResponse(SIGN_IN, status_code=303)

@@ -117,7 +117,7 @@ async def checkpoint_action(run_id: str, kind: str, name: str, action: str, requ
     """publish, unpublish or delete, from a console form: same origin and the key's CSRF token, or 403."""
     who = await caller(request)
     form = await form_of(request)
-    if not same_origin(request.scope) or form.get("csrf") != csrf_token(request.app.state.download_secret,
+    if not same_origin(request) or form.get("csrf") != csrf_token(request.app.state.download_secret,
                                                                          presented_key(request.scope)):
         return render(request, "error.html", status=403, who=who, title="Refused",
                       message=f"{action}: the form's CSRF token is missing or wrong, or it came from another site; "
