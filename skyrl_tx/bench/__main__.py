@@ -143,6 +143,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_latency(argv[1:])
         return
+    if argv and argv[0] == "snapshots":
+        from skyrl_tx.bench.snapshots import run_snapshots
+
+        run_snapshots(argv[1:])
+        return
     if argv and argv[0] == "saves":
         from skyrl_tx.bench.saves import run_saves
 
