@@ -1,72 +1,12 @@
-"""Through the real tinker SDK: a DP=2 server's colocated sampling runs on both ranks (each data-parallel replica
-decodes a share of the requests with its own KV cache) and returns a one-process server's tokens: greedy and seeded,
-num_samples > 1, the base model and a trained LoRA snapshot (mirrored to both ranks)."""
+"""Colocated sampling shared by the data-parallel replicas (parallel/sampling_share.py), on the DP=2 backend itself:
+the removal rule, streaming from rank 1, one process's results. Through the SDK against a live DP=2 server:
+tests/parallel/test_data_parallel_server.py (test_data_parallel_server_equals_one_process)."""
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-from live_server import live_server
-
-DP = {"fully_sharded_data_parallel_size": 2}
-PROMPTS = ([5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [3, 4], [20, 21, 22])
-
-
-def sample_concurrently(url: str) -> dict[str, Any]:
-    """One LoRA step (so its snapshot differs from the base model), then every request submitted before any result
-    is read (they decode at once): per weights and prompt, greedy with 2 samples and seeded (temperature 1) with 3;
-    then two unseeded requests of one prompt."""
-    import tinker
-    from tinker import types
-
-    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-dp-sampling", TINKER_TELEMETRY="0")
-    with tinker.ServiceClient() as service:
-        trainer = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
-        datum = types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 14))),
-                            loss_fn_inputs={"target_tokens": list(range(6, 15)), "weights": [1.0] * 9})
-        trainer.forward_backward([datum], "cross_entropy").result()
-        trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
-        samplers = {"lora": trainer.save_weights_and_get_sampling_client().result(),
-                    "base": service.create_sampling_client(base_model="tiny-qwen3").result()}
-        futures = {}
-        for name, sampler in samplers.items():
-            for i, prompt in enumerate(PROMPTS):
-                model_input = types.ModelInput.from_ints(prompt)
-                futures[f"{name} greedy {i}"] = sampler.sample(model_input, 2, types.SamplingParams(
-                    max_tokens=10, temperature=0.0))
-                futures[f"{name} seeded {i}"] = sampler.sample(model_input, 3, types.SamplingParams(
-                    max_tokens=10, temperature=1.0, seed=100 + i))
-        tokens = {key: [list(s.tokens) for s in f.result().sequences] for key, f in futures.items()}
-        # Two at once on an idle server: one per replica (each the first unseeded request its replica decodes)
-        unseeded = [samplers["base"].sample(types.ModelInput.from_ints(PROMPTS[0]), 1, types.SamplingParams(
-            max_tokens=10, temperature=1.0)) for _ in range(2)]
-        return {"tokens": tokens, "unseeded": [list(f.result().sequences[0].tokens) for f in unseeded]}
-
-
-@pytest.fixture(scope="module")
-def one_process_samples(preset_cache) -> dict[str, Any]:
-    with live_server() as url:
-        return sample_concurrently(url)
-
-
-def test_both_ranks_decode_and_match_one_process(preset_cache, one_process_samples, tmp_path: Path) -> None:
-    with live_server(backend_config=DP, data_dir=tmp_path) as url:
-        got = sample_concurrently(url)
-    log = url.log_tail(100_000)  # read after the stop: each rank says at exit how many sequences it decoded
-    assert got["tokens"] == one_process_samples["tokens"]
-    assert got["unseeded"][0] != got["unseeded"][1], "two unseeded requests drew the same tokens"
-    sequences = sum(len(s) for s in got["tokens"].values()) + len(got["unseeded"])
-    worker = re.search(r"rank 1 stops: it decoded (\d+) sampled sequences", log)
-    assert worker is not None, log[-4000:]
-    per_replica = re.search(r"sequences decoded per replica \[(\d+), (\d+)\]", log)
-    assert per_replica is not None, log[-4000:]
-    on_rank0, on_rank1 = int(per_replica[1]), int(per_replica[2])
-    assert int(worker[1]) == on_rank1 > 0 and on_rank0 > 0, (worker[0], per_replica[0])
-    assert on_rank0 + on_rank1 == sequences
 
 
 def test_weights_a_replica_samples_cannot_be_removed_and_streams_report_from_it(tiny_model_dir, caplog) -> None:

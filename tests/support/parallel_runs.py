@@ -1,5 +1,6 @@
 """What the parallel server tests run through the real SDK: tenants trained on ragged batches and sampled greedily
-(optionally killing a rank mid-way), and a `skyrl-tx worker` node process joining a coordinator."""
+(optionally killing a rank mid-way), many samples decoding at once, and a `skyrl-tx worker` node process joining a
+coordinator."""
 
 from __future__ import annotations
 
@@ -80,3 +81,37 @@ def worker_node(port: int, process_id: int, processes: int, world: int, base_mod
                              "--base-model", base_model, "--backend-config",
                              json.dumps(config or {"fully_sharded_data_parallel_size": world})],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+PROMPTS = ([5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [3, 4], [20, 21, 22])
+
+
+def sample_concurrently(url: str) -> dict[str, Any]:
+    """One LoRA step (so its snapshot differs from the base model), then every request submitted before any result
+    is read (they decode at once): per weights and prompt, greedy with 2 samples and seeded (temperature 1) with 3;
+    then two unseeded requests of one prompt."""
+    import tinker
+    from tinker import types
+
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-dp-sampling", TINKER_TELEMETRY="0")
+    with tinker.ServiceClient() as service:
+        trainer = service.create_lora_training_client(base_model="tiny-qwen3", rank=4, seed=1).result()
+        datum = types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 14))),
+                            loss_fn_inputs={"target_tokens": list(range(6, 15)), "weights": [1.0] * 9})
+        trainer.forward_backward([datum], "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        samplers = {"lora": trainer.save_weights_and_get_sampling_client().result(),
+                    "base": service.create_sampling_client(base_model="tiny-qwen3").result()}
+        futures = {}
+        for name, sampler in samplers.items():
+            for i, prompt in enumerate(PROMPTS):
+                model_input = types.ModelInput.from_ints(prompt)
+                futures[f"{name} greedy {i}"] = sampler.sample(model_input, 2, types.SamplingParams(
+                    max_tokens=10, temperature=0.0))
+                futures[f"{name} seeded {i}"] = sampler.sample(model_input, 3, types.SamplingParams(
+                    max_tokens=10, temperature=1.0, seed=100 + i))
+        tokens = {key: [list(s.tokens) for s in f.result().sequences] for key, f in futures.items()}
+        # Two at once on an idle server: one per replica (each the first unseeded request its replica decodes)
+        unseeded = [samplers["base"].sample(types.ModelInput.from_ints(PROMPTS[0]), 1, types.SamplingParams(
+            max_tokens=10, temperature=1.0)) for _ in range(2)]
+        return {"tokens": tokens, "unseeded": [list(f.result().sequences[0].tokens) for f in unseeded]}
