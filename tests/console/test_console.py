@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import tinker
 from keyed_server import keyed_server, service_clients
 from live_server import REPO, ServerUrl
 from tinker import types
@@ -54,9 +55,9 @@ def server(preset_cache) -> Iterator[ServerUrl]:
 
 @pytest.fixture(scope="module")
 def trained(server: ServerUrl) -> dict[str, Any]:
-    """alice's session: STEPS forward_backward + optim_step steps, then two training checkpoints. Her clients are
-    closed before the browser starts: Playwright's sync API runs an event loop in this thread, and the SDK's
-    synchronous calls must not run inside one."""
+    """alice's session: STEPS forward_backward + optim_step steps, then two training checkpoints, "kept" published.
+    Her clients are closed before the browser starts: Playwright's sync API runs an event loop in this thread, and the
+    SDK's synchronous calls must not run inside one."""
     datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
                         loss_fn_inputs={"target_tokens": TOKENS[1:], "weights": [1.0] * (len(TOKENS) - 1)})
     with service_clients(server) as clients:
@@ -66,6 +67,8 @@ def trained(server: ServerUrl) -> dict[str, Any]:
             training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         kept = training.save_state("kept").result().path
         doomed = training.save_state("doomed").result().path
+        tinker.RestClient(base_url=server, api_key=server.keys["alice"]).publish_checkpoint_from_tinker_path(
+            kept).result()
     return {"session_id": training.model_id.split(":")[0], "kept": kept, "doomed": doomed}
 
 
@@ -187,6 +190,10 @@ def test_checkpoints_download_publish_and_delete(tab, server: ServerUrl, trained
             for i in range(t.page.locator("#files a").count())]
     assert urls and httpx.get(urls[0], timeout=60).status_code == 200  # the signed URL needs no key
     t.go("/console/checkpoints")
+    assert kept.locator("td").nth(4).inner_text() == "yes"  # published by the fixture: unpublished, then again
+    kept.locator("button.unpublish").click()
+    t.page.wait_for_selector(f'tr[data-path="{trained["kept"]}"] button.publish')
+    assert kept.locator("td").nth(4).inner_text() == "no"
     kept.locator("button.publish").click()
     t.page.wait_for_selector(f'tr[data-path="{trained["kept"]}"] button.unpublish')
     assert kept.locator("td").nth(4).inner_text() == "yes"
@@ -222,7 +229,9 @@ def test_another_key_sees_none_of_it(tab, server: ServerUrl, trained) -> None:
     t.go("/console/checkpoints")
     assert t.page.locator("#no-checkpoints").count() == 1
     run, kind, name = trained["kept"].removeprefix("tinker://").split("/")
-    t.go(f"/console/checkpoints/{run}/{kind}/{name}", status=200)  # published above: every key may read it
+    t.go(f"/console/checkpoints/{run}/{kind}/{name}", status=200)  # published: every key may download it
+    run, kind, name = trained["doomed"].removeprefix("tinker://").split("/")
+    t.go(f"/console/checkpoints/{run}/{kind}/{name}", status=404)  # unpublished (or deleted): not found
     t.go(f"/console/admin/keys", status=403, shot="admin_refused")
 
 
@@ -238,7 +247,7 @@ def test_the_admin_key_sees_keys_usage_and_the_audit_log(tab, server: ServerUrl,
     t.go("/console/admin/audit", shot="audit")
     events = t.page.locator("#audit tr[data-event]")
     assert {events.nth(i).get_attribute("data-event") for i in range(events.count())} >= {
-        "model_create", "checkpoint_save", "checkpoint_publish", "checkpoint_delete", "key_create"}
+        "model_create", "checkpoint_save", "checkpoint_publish", "key_create"}
     t.go(f"/console/sessions/{trained['session_id']}")
     assert t.page.locator("svg.plot.loss circle.pt").count() == STEPS
     for page in ("keys", "usage", "audit"):
