@@ -121,13 +121,13 @@ class ConsoleGate:
             await self.app(scope, receive, send)
             return
         key = cookie_key(scope)
-        if presented_key(scope) is not None or key is None:  # a client with its own header; or no sign-in yet
-            if key is None and presented_key(scope) is None and console:
-                await sign_in_redirect(path)(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+        if presented_key(scope) is not None or key is None:  # a client's own header (checked as it is); no cookie
+            if key is None and console and presented_key(scope) is None:
+                await sign_in_redirect(path)(scope, receive, send)  # a browser not signed in
+            else:
+                await self.app(scope, receive, send)
             return
-        outcome = await self.keyring.resolve(key)
+        outcome = await self.keyring.resolve(key)  # the key check's own rules, to send a refused browser to sign in
         if isinstance(outcome, str) and console:
             await sign_in_redirect(path, outcome)(scope, receive, send)
             return

@@ -49,8 +49,12 @@ def console_home() -> RedirectResponse:
 def sessions_page(request: Request, db: DbDep, who: CallerDep, after_created: datetime | None = None,
                   after_id: str | None = None) -> Response:
     """The sessions the key may see (its own; an admin's: every key's), newest first."""
-    cursor = (SessionSearchCursor(last_created_at=after_created, last_session_id=after_id)
-              if after_created is not None and after_id else None)
+    cursor = None
+    if after_created is not None and after_id:
+        if after_created.tzinfo is None:
+            raise InvalidArgumentError(f"sessions: after_created must carry its UTC offset (got "
+                                       f"{after_created.isoformat()}); follow the page's 'Older sessions' link")
+        cursor = SessionSearchCursor(last_created_at=after_created, last_session_id=after_id)
     found = search_sessions(SessionSearchRequest(owner=AccessibleOwner(type="accessible"), limit=PAGE,
                                                  cursor=cursor), db, who)
     more = None
