@@ -203,7 +203,7 @@ def test_checkpoints_download_publish_and_delete(tab, server: ServerUrl, trained
     assert kept.count() == 1
 
 
-def test_writes_need_the_csrf_token_and_this_origin(server: ServerUrl, trained) -> None:
+def test_writes_need_the_csrf_token_and_this_origin_bad_input_is_a_400(server: ServerUrl, trained) -> None:
     run, kind, name = trained["kept"].removeprefix("tinker://").split("/")
     cookies = {COOKIE: server.keys["alice"]}
     with httpx.Client(base_url=server, cookies=cookies, timeout=60) as http:
@@ -213,6 +213,8 @@ def test_writes_need_the_csrf_token_and_this_origin(server: ServerUrl, trained) 
         assert http.post(action, data={"csrf": "0" * 64}).status_code == 403
         assert http.post(action, data={"csrf": token}, headers={"Origin": "https://evil.example"}).status_code == 403
         assert http.post(action, data={"csrf": token}).status_code == 303  # and then it works
+        naive = http.get("/console/sessions", params={"after_created": "2026-01-01T00:00:00", "after_id": "x"})
+        assert naive.status_code == 400 and "after_created" in naive.text  # bad input: a 400 naming the field
         # the cookie reaches the trace export (the session page's download), checked there like a header
         assert http.get(f"/api/v1/sessions/{trained['session_id']}/trace_export").status_code != 401
     assert httpx.get(f"{server}/console/sessions", timeout=60).status_code == 303  # no cookie: to sign-in
