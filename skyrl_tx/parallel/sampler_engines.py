@@ -29,8 +29,10 @@ already); before, a join waited up to the 600 s a model load may take.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import random
 import multiprocessing.connection
 import time
 from pathlib import Path
@@ -65,6 +67,10 @@ class SamplerEnginesBackend:
         self._lora: dict[str, dict[str, Any] | None] = {}  # live model id → its LoRA shape (None: full weights)
         self._synced: set[str] = set()  # snapshot ids every live sampler engine holds
         self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # LoRA versions: factors, shape
+        # Unseeded requests' seeds, from one stream as one process has: every engine's own stream starts at the same
+        # seed, so two engines would otherwise draw the same "random" samples (and a rerun on another engine, after
+        # its first one was lost, now draws what the first would have).
+        self._seeds = random.Random(int(settings.seed))
         self._ids = itertools.count(-1, -1)  # the samplers' request ids: negative, apart from the trainer's own
         # id → (sampler engine, or None while it waits for a live one; weights id)
         self._in_flight: dict[int, tuple[int | None, str]] = {}
@@ -262,6 +268,9 @@ class SamplerEnginesBackend:
             self._local.add(sample_id)
             return sample_id
         self._tend()
+        if request.sampling_params.seed is None:
+            seed = self._seeds.getrandbits(63)
+            request = dataclasses.replace(request, sampling_params=dataclasses.replace(request.sampling_params, seed=seed))
         sample_id = next(self._ids)
         self._requests[sample_id] = request
         if request.stream:

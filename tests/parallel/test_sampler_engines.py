@@ -60,6 +60,19 @@ def _run(url) -> dict[str, Any]:
     return out
 
 
+def _unseeded_samples(url) -> list[tuple[int, ...]]:
+    """Eight unseeded requests of the base model at once (least busy first: both engines take some)."""
+    import tinker
+    from tinker import types
+
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-sampler", TINKER_TELEMETRY="0")
+    params = types.SamplingParams(max_tokens=16, temperature=1.0)
+    with tinker.ServiceClient() as service:
+        base = service.create_sampling_client(base_model="tiny-qwen3").result()
+        futures = [base.sample(types.ModelInput.from_ints(PROMPT), 1, params) for _ in range(8)]
+        return [tuple(f.result().sequences[0].tokens) for f in futures]
+
+
 # The trainer's layout, and (last) sampler engines of two tensor-parallel ranks each beside a one-process trainer
 # (colocated, that key does nothing: a warning).
 TRAINER_LAYOUTS = {"one-trainer-rank": {}, "two-data-parallel-ranks": {"fully_sharded_data_parallel_size": 2},
@@ -121,6 +134,7 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
         assert not parallel_trainer or "parallel: 2 ranks" in url.log_tail(), url.log_tail()
         got = _run(url)
         syncs = [line for line in url.log_tail(2000).splitlines() if "weight sync " in line]
+        unseeded = _unseeded_samples(url)
     assert_all_exit(engine_group)  # a stopped server leaves no sampler engine (nor its ranks) behind
     # Every save_weights_and_get_sampling_client reached both engines through a sync (each rank of a
     # tensor-parallel engine in the sync group itself), and both engines served.
@@ -129,6 +143,9 @@ def test_sampler_engines_sample_what_a_colocated_server_samples(preset_cache, co
     served = [int(n) for n in syncs[-1].rsplit("[", 1)[1].rstrip("]").split(",")]
     assert len(served) == 2 and min(served) > 0, syncs[-1]
     assert set(got) == set(colocated)
+    # Every engine's own stream starts at the same seed: unseeded requests get theirs from the trainer's one stream,
+    # or two engines would draw the same "random" samples.
+    assert len(set(unseeded)) == len(unseeded), unseeded
     for key, sequences in colocated.items():
         assert len(got[key]) == len(sequences), key
         for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got[key], sequences):
