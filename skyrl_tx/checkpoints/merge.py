@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
 from skyrl_tx.backend.native_convert import PEFT_PREFIX
@@ -12,6 +13,17 @@ from skyrl_tx.checkpoints.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_mod
 from skyrl_tx.checkpoints.peft_experts import unfuse_experts
 from skyrl_tx.errors import InvalidArgumentError
 from skyrl_tx.models.checkpoint import load_weights, text_model_weight_name
+
+
+MERGE_ROWS = 4096  # rows merged at a time: a float32 block of [4096, in], not a float32 copy of the whole tensor
+
+
+def _add_product_(weight: torch.Tensor, lora_b: torch.Tensor, lora_a: torch.Tensor, scaling: float) -> None:
+    """weight [out, in] += scaling * lora_b [out, r] @ lora_a [r, in], in place, each block of rows computed in
+    float32 and rounded once to weight's dtype (an unembedding of 128K-248K rows would need three float32 copies)."""
+    for start in range(0, weight.shape[0], MERGE_ROWS):
+        block = weight[start:start + MERGE_ROWS]  # a view: written in place
+        block.copy_(block.float().addmm_(lora_b[start:start + MERGE_ROWS], lora_a, alpha=scaling))
 
 
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> list[str]:
@@ -41,8 +53,7 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> lis
             model_config["tie_word_embeddings"] = False
         if target not in weights:
             raise InvalidArgumentError(f"export: the adapter adapts {module}, which the base model does not have")
-        base = weights[target]
-        weights[target] = (base.float() + scaling * (lora_b @ lora_a)).to(base.dtype)  # [out, in]
+        _add_product_(weights[target], lora_b, lora_a, scaling)
         merged.append(module)
     files = hf_model_files(base_model_dir, weights)
     files["config.json"] = (json.dumps(model_config, indent=2) + "\n").encode()

@@ -19,13 +19,20 @@ from skyrl_tx.models.tiny_presets import cache_root
 from skyrl_tx.models.tokenizer_builder import save_hf_tokenizer, special_token_ids
 from skyrl_tx.plan.published import reduced
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+
+
+POOL_NUMEL = 1 << 24  # 16M float32 normals (64 MiB) every tensor is cut from
 
 
 def _init_(model: Any, seed: int) -> None:
+    """Fills the (uninitialised) parameters: norms around their identity, biases zero, every other tensor std 0.02
+    normals. Drawing 2.5e9 normals would take ~25 s on one core, so each tensor is copied from one pool of normals
+    in runs of at most POOL_NUMEL, each run from its own random offset (so no two rows or tensors coincide)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(2 * POOL_NUMEL, generator=gen, dtype=torch.float32).mul_(0.02)  # [2 * POOL_NUMEL]
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if param.ndim == 1 and "norm" in name:
@@ -33,8 +40,15 @@ def _init_(model: Any, seed: int) -> None:
                 param.fill_(0.0 if zero_centered else 1.0)
             elif name.endswith(".bias"):
                 param.zero_()
-            else:  # drawn in float32 a tensor at a time (bf16 normal_ is not supported on every CPU build)
-                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(0.02))
+            else:
+                flat = param.view(-1)
+                for start in range(0, flat.numel(), POOL_NUMEL):
+                    n = min(POOL_NUMEL, flat.numel() - start)
+                    offset = int(torch.randint(0, POOL_NUMEL, (1,), generator=gen))
+                    flat[start:start + n].copy_(pool[offset:offset + n])
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek V3's router bias: a checkpoint tensor
+                buffer.zero_()
 
 
 def write_reduced(name: str, out: Path, *, num_layers: int = 2, num_experts: int | None = None,
@@ -55,8 +69,11 @@ def write_reduced(name: str, out: Path, *, num_layers: int = 2, num_experts: int
         ids = special_token_ids(tok, family)
         raw.update({k: v for k, v in ids.items() if v is not None})  # the project tokenizer's bos/eos/pad ids
         config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        from transformers.initialization import no_init_weights
+
+        with no_init_weights():  # transformers' own init draws bf16 normals, ~1.5 s per 1e8 on a CPU
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.tie_weights()  # init_weights, skipped, is where tying happens
         _init_(model, seed)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         hub = dict(config_json)  # the hub's config.json keys, not transformers 5's rewrite of them

@@ -21,8 +21,9 @@ GiB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 # What a process holds before any tensor: the interpreter, torch and the other libraries (CPU); the CUDA context,
 # cuBLAS workspaces and the caching allocator's slack (GPU).
-# (CPU: an engine process serving the tiny preset holds 0.64-0.67 GiB, measured with /proc/PID/status VmHWM.)
-RUNTIME_BYTES = {"cpu": int(0.65 * GiB), "cuda": int(1.0 * GiB)}
+# (CPU: an engine process holds 0.51-0.52 GiB besides its tensors, measured with /proc/PID/status: the tiny preset
+# at load, and the published widths of tests/plan/test_real_shapes.py (VmRSS after load less weights and factors).)
+RUNTIME_BYTES = {"cpu": int(0.55 * GiB), "cuda": int(1.0 * GiB)}
 # Lines that are never live at once: a training step's activations, and (where the weights live in host memory) the
 # checkpoint's tensors that loading holds while the model copies them. The peak adds the larger of the two.
 TRANSIENT = ("activations", "loading")
@@ -89,6 +90,10 @@ def _linear_widths(config: DecoderConfig, tp: int, ep: int) -> int:
 
 def _weights_per_rank(config: DecoderConfig, tp: int, ep: int) -> int:
     return int(sum(p.numel_per_rank(tp) / (ep if p.split == EXPERT else 1) for p in model_params(config)))
+
+
+def _expert_weights_per_rank(config: DecoderConfig, ep: int) -> int:
+    return sum(p.numel for p in model_params(config) if p.split == EXPERT) // ep
 
 
 def kv_row_bytes(config: DecoderConfig, max_len: int, dtype_bytes: int, tp: int) -> int:
@@ -201,8 +206,10 @@ def plan_memory(config: DecoderConfig, settings: BackendSettings) -> MemoryPlan:
         "weights": weights * dtype_bytes, "lora_factors": factors, "lora_training": lora_training,
         "full_finetune": int(full), "kv_cache": kv if settings.colocate_all else 0,
         "activations": activation_bytes(config, settings, dtype_bytes, tp), "runtime": RUNTIME_BYTES[kind],
-        # the checkpoint's tensors (this rank's share, in the compute dtype) stay referenced until the model is built
-        "loading": weights * dtype_bytes if kind == "cpu" else 0,
+        # the checkpoint's tensors (this rank's share, in the compute dtype) stay referenced until the model is built;
+        # an MoE layer's experts are allocated one by one, then moved into stacks (csrc/models/stacked_experts.cpp):
+        # the freed per-expert blocks stay in the process (measured: VmRSS after load holds them once more)
+        "loading": (weights + _expert_weights_per_rank(config, ep)) * dtype_bytes if kind == "cpu" else 0,
         # frozen whole-model copies for sampling full fine-tunes, on this device (0: they take what is left)
         "snapshots": settings.snapshot_memory_mb << 20 if settings.max_full_models else 0})
     if settings.gpu_memory_utilization > 0:
