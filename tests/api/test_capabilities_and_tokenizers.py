@@ -82,8 +82,11 @@ def test_sampler_from_weights_of_a_directory_named_model_loads_its_tokenizer(ser
 
 
 def test_sampling_client_of_a_local_model_directory_loads_its_tokenizer(preset_dir: Path, tmp_path: Path,
-                                                                        tinker_env: str) -> None:
-    """A server started on a local directory: the name clients use is the path, listed once."""
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started on a local directory: the name clients use is the path, listed once. Its own server (SQLite),
+    not the module's: it runs once, not once per database backend of the module's server."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
     local = tmp_path / "models" / "my-tiny"
     shutil.copytree(preset_dir, local)
     with live_server(base_model=str(local)) as url:

@@ -6,10 +6,11 @@ group with the same weights."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_server import free_port, live_server
+from live_server import ServerUrl, free_port, live_server
 from parallel_runs import TENANTS, assert_same_as_one_process_run, train_and_sample, worker_node
 
 from skyrl_tx.bench.live_server import healthy
@@ -24,10 +25,18 @@ def one_process_run(preset_cache) -> dict[str, Any]:
         return train_and_sample(url)
 
 
-def test_tensor_parallel_server_equals_one_process(preset_cache, one_process_run) -> None:
+@pytest.fixture(scope="module")
+def tp_server(preset_cache) -> Iterator[ServerUrl]:
+    """One TP=2 server for the equality test and, after it, the kill test (each in a session of its own, whose models
+    unload when it closes): one start of a 2-rank group instead of two."""
     with live_server(backend_config=TP) as url:
-        assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(), url.log_tail()
-        got = train_and_sample(url, tenants=TENANTS)
+        yield url
+
+
+def test_tensor_parallel_server_equals_one_process(tp_server: ServerUrl, one_process_run) -> None:
+    url = tp_server
+    assert "parallel: 2 ranks (1 data-parallel x 2 tensor-parallel)" in url.log_tail(400), url.log_tail()
+    got = train_and_sample(url, tenants=TENANTS)
     assert set(got["losses"]) == {"a", "b", "full"}
     assert_same_as_one_process_run(got, one_process_run)
 
@@ -46,15 +55,16 @@ def test_every_architecture_family_serves_split(preset_cache, preset: str, split
     assert_same_as_one_process_run(got, one_process)
 
 
-def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights(preset_cache,
+def test_killing_a_tensor_parallel_rank_restarts_the_group_with_the_same_weights(tp_server: ServerUrl,
                                                                                  one_process_run) -> None:
     """kill -9 of the worker rank (half of every layer) after the full fine-tune's second step: the engine's next
     collective fails, the group restarts, every rank restores its part of the newest recovery snapshot (weights and
     AdamW moments), and the run ends as an undisturbed one."""
-    with live_server(backend_config=TP) as url:
-        got = train_and_sample(url, kill_after=("full", 1), kill="worker", tenants=TENANTS)
-        assert healthy(url)
-        assert "broke the group" in url.log_tail(400), url.log_tail()
+    url = tp_server
+    assert "broke the group" not in url.log_tail(4000)  # the group's first break is this test's kill
+    got = train_and_sample(url, kill_after=("full", 1), kill="worker", tenants=TENANTS)
+    assert healthy(url)
+    assert "broke the group" in url.log_tail(400), url.log_tail()
     assert_same_as_one_process_run(got, one_process_run)
 
 
