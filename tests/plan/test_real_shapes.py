@@ -1,10 +1,16 @@
-"""Qwen3-0.6B as published (every width: vocab 151,936, head_dim 128, GQA 16/8, tied embeddings; sharded
-safetensors + index in bf16), cut to 2 layers, through the real SDK against a live server: load, LoRA step, sample,
-save, export (PEFT and merged, read back by transformers + PEFT), reload; the engine's peak memory against the plan."""
+"""Every published family at its real widths (vocab, head_dim, GQA ratio, expert width, MLA ranks; sharded safetensors
++ index in the hub's names, bf16), cut to 1-2 layers, through the real SDK against one live server per family: load,
+LoRA step, sample, save, export (PEFT and merged, read back by transformers + PEFT), reload; the engine's peak memory
+against `skyrl-tx plan`'s figure for the same layout."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,27 +22,64 @@ from sdk_training import download, token_datum
 from tinker import types
 
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.models.hf_config import load_decoder_config
+from skyrl_tx.models.hf_config import decoder_config_from_dict, load_decoder_config
 from skyrl_tx.models.published_checkpoint import reduced_model_dir
 from skyrl_tx.plan.memory import plan_memory
+from skyrl_tx.plan.published import PUBLISHED
 
-NAME = "Qwen/Qwen3-0.6B"
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    num_layers: int = 1
+    num_experts: int | None = None  # the routed experts kept (None: all of the published count)
+    peft_tolerance: float = 0.05  # mean |dlogprob| of transformers + PEFT vs the server, both in bf16
+
+    @property
+    def id(self) -> str:
+        return self.name.split("/")[1]
+
+
+FAMILIES = [
+    Family("Qwen/Qwen3-0.6B"),  # tied embeddings
+    Family("meta-llama/Llama-3.1-8B"),  # vocab 128,256, llama3 RoPE scaling, GQA 32/8
+    Family("Qwen/Qwen3-30B-A3B", num_experts=32),  # 32 of 128 experts of width 768 (top-8 kept)
+    Family("Qwen/Qwen3.5-9B", num_layers=2),  # a Gated DeltaNet and a gated-attention layer, vocab 248,320
+    # one MoE layer with MLA (q/kv ranks 1536/512); 16 of 256 experts (8 groups of 2, top-4 groups, top-8 kept)
+    # (group-limited sigmoid routing: a token's expert can differ between two bf16 implementations; measured 0.059)
+    Family("deepseek-ai/DeepSeek-V3", num_experts=16, peft_tolerance=0.1),
+]
 CONFIG = {"dtype": "bfloat16", "max_lora_adapters": 2, "max_lora_rank": 8, "max_resident_snapshots": 1,
           "max_full_models": 0, "max_sampling_sequences": 4, "max_sampling_length": 128,
-          "train_micro_batch_tokens": 256, "logprobs_chunk_tokens": 128}
+          "train_micro_batch_tokens": 32, "logprobs_chunk_tokens": 32}  # a micro-batch: what one step here runs
 TOKENS = [5, 17, 300, 42, 7, 99, 1000, 12, 64, 128, 256, 3, 9, 27, 81, 243, 11, 1500, 33, 8]
-PLAN_TOLERANCE = 0.15
-BF16_MEAN_ERROR = 0.05  # mean |difference| of logprobs near -12 computed in bf16 (2^-8 relative) vs float32
+PLAN_TOLERANCE = 0.15  # issue 37 item 9: the plan within 15% of the measured peak
+LEARNING_RATE = 5e-4  # two steps move the logprobs by 2.9-9.6 nats at these widths: far more than the exports differ
+# the widths a reduced checkpoint keeps as published (what differs by design: depth, expert count, token ids)
+CUT = {"num_hidden_layers", "layer_types", "first_k_dense_replace", "num_experts", "num_experts_per_tok", "n_group",
+       "topk_group", "eos_token_ids"}
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.id)
+def family(request: pytest.FixtureRequest, preset_cache: Path):
+    """(family, checkpoint directory), written once: into $SKYRL_TX_TEST_PUBLISHED_CACHE when set (a directory
+    outside the checkout that CI may keep between runs; the generator's version is in each name), else into this
+    session's cache and removed after the family's tests (1.5-5.2 GB each; pytest keeps three sessions' temp dirs)."""
+    spec: Family = request.param
+    root = os.environ.get("SKYRL_TX_TEST_PUBLISHED_CACHE")
+    with pytest.MonkeyPatch.context() as mp:
+        if root:
+            mp.setenv("SKYRL_TX_CACHE_DIR", root)
+        model_dir = reduced_model_dir(spec.name, num_layers=spec.num_layers, num_experts=spec.num_experts)
+    yield spec, model_dir
+    if not root:
+        shutil.rmtree(model_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def model_dir(preset_cache) -> Path:
-    return reduced_model_dir(NAME, num_layers=2)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir: Path):
-    with live_server(base_model=str(model_dir), aliases=[NAME], backend_config=CONFIG) as url:
+def server(family):
+    spec, model_dir = family
+    with live_server(base_model=str(model_dir), aliases=[spec.name], backend_config=CONFIG) as url:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TINKER_BASE_URL", url)
             mp.setenv("TINKER_API_KEY", "tml-test")
@@ -60,30 +103,78 @@ def _logprobs(client, tokens: list[int]) -> torch.Tensor:
     return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
 
 
-def test_checkpoint_has_the_hub_layout(model_dir: Path) -> None:
-    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) > 1  # sharded, as the hub's larger checkpoints are
-    assert "model.layers.1.self_attn.q_norm.weight" in index["weight_map"]
-    config = load_decoder_config(model_dir)
-    assert (config.vocab_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads) == \
-        (151936, 128, 16, 8)
-
-
-def test_lora_step_sample_save_export_reload_and_peak_within_plan(server, model_dir: Path, tmp_path: Path) -> None:
+def _hf_logprobs(model_dir: Path, tokens: list[int], adapter: Path | None = None) -> torch.Tensor:
+    """transformers' logprobs of `tokens` (in bf16, as the server computes: float32 copies of these widths would not
+    fit beside the server on the CI machine), the model freed before returning."""
     from hf_reference import hf_token_logprobs, load_hf_model
     from peft import PeftModel
 
+    model = load_hf_model(model_dir, torch.bfloat16)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    try:
+        return hf_token_logprobs(model, tokens)
+    finally:
+        del model
+        gc.collect()
+
+
+def _assert_merged_is_base_plus_adapter(model_dir: Path, adapter: Path, merged: Path) -> int:
+    """Every adapted tensor of the merged export is bf16(W + alpha/r * B @ A) (to bf16's half-ulp: the merge rounds
+    once), read a tensor at a time; returns how many were checked."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    factors = load_file(str(adapter / "adapter_model.safetensors"))
+
+    def tensor(directory: Path, name: str) -> torch.Tensor:  # from whichever shard holds it
+        for shard in sorted(directory.glob("*.safetensors")):
+            with safe_open(str(shard), "pt") as handle:
+                if name in handle.keys():
+                    return handle.get_tensor(name)
+        raise AssertionError(f"{name} is in no shard of {directory}")
+
+    names = [k for k in factors if k.endswith(".lora_A.weight")]
+    for name in names:
+        module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        tied = module == "lm_head" and load_decoder_config(model_dir).tie_word_embeddings  # the merge unties it
+        base = tensor(model_dir, "model.embed_tokens.weight" if tied else f"{module}.weight")  # [out, in] bf16
+        ours = tensor(merged, f"{module}.weight")
+        lora_a, lora_b = factors[name].float(), factors[name.replace("lora_A", "lora_B")].float()  # [r, in], [out, r]
+        for start in range(0, base.shape[0], 4096):  # float32 blocks of rows: an unembedding is 1e9 elements
+            rows = slice(start, start + 4096)
+            expected = base[rows].float().addmm_(lora_b[rows], lora_a, alpha=config["lora_alpha"] / config["r"])
+            torch.testing.assert_close(ours[rows].float(), expected, atol=0, rtol=2 ** -8)
+    return len(names)
+
+
+def test_checkpoint_has_the_published_widths_in_the_hub_layout(family) -> None:
+    spec, model_dir = family
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # sharded, as the hub's checkpoints are
+    ours = dataclasses.asdict(load_decoder_config(model_dir))
+    published = dataclasses.asdict(decoder_config_from_dict(PUBLISHED[spec.name]))
+    assert {k: v for k, v in ours.items() if k not in CUT} == {k: v for k, v in published.items() if k not in CUT}
+    assert ours["num_hidden_layers"] == spec.num_layers
+    assert ours["num_experts"] == (spec.num_experts or published["num_experts"])
+
+
+def test_lora_step_sample_save_export_reload_and_peak_within_plan(family, server, tmp_path: Path) -> None:
+    from skyrl_tx.checkpoints.merge import merge_adapter
+
+    spec, model_dir = family
     service = tinker.ServiceClient()
-    client = service.create_lora_training_client(base_model=NAME, rank=8, seed=1).result()
+    client = service.create_lora_training_client(base_model=spec.name, rank=8, seed=1).result()
     before = _logprobs(client, TOKENS)
     assert before.shape == (len(TOKENS) - 1,)
     for _ in range(2):
         result = client.forward_backward([token_datum(TOKENS)], "cross_entropy").result()
-        client.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+        client.optim_step(types.AdamParams(learning_rate=LEARNING_RATE)).result()
         assert np.isfinite(np.asarray(result.loss_fn_outputs[0]["logprobs"].tolist())).all()
     after = _logprobs(client, TOKENS)
     assert after.sum() > before.sum()  # the step trained the adapter on these tokens
-    assert (after - before).abs().mean() > 3 * BF16_MEAN_ERROR  # by more than the exports may differ below
+    assert (after - before).abs().mean() > 3 * spec.peft_tolerance  # by more than the exports may differ below
 
     sampler = client.save_weights_and_get_sampling_client().result()
     sample = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:8]), num_samples=2,
@@ -97,16 +188,20 @@ def test_lora_step_sample_save_export_reload_and_peak_within_plan(server, model_
     rest = tinker.RestClient(base_url=server)
     adapter = download(rest.get_external_weights_urls(client.save_weights_external("peft").result().path)
                        .result().urls, tmp_path / "adapter")
-    peft_model = PeftModel.from_pretrained(load_hf_model(model_dir), str(adapter)).eval()
-    # the server computes in bf16; transformers here in float32 from the same bf16 weights
-    assert (hf_token_logprobs(peft_model, TOKENS) - after).abs().mean() < BF16_MEAN_ERROR
-    from skyrl_tx.checkpoints.merge import merge_adapter
-
+    peft_error = (_hf_logprobs(model_dir, TOKENS, adapter) - after).abs().mean()
     merge_adapter(model_dir, adapter, tmp_path / "merged")
-    assert (hf_token_logprobs(load_hf_model(tmp_path / "merged"), TOKENS) - after).abs().mean() < BF16_MEAN_ERROR
+    assert _assert_merged_is_base_plus_adapter(model_dir, adapter, tmp_path / "merged") > 0
+    # transformers reads the merged export back; its bf16 weights round W + delta once more (half an ulp of W is
+    # about delta's size here), so its logprobs are held to moving from the base's towards the adapter's
+    merged = _hf_logprobs(tmp_path / "merged", TOKENS)
+    merged_error, merged_move = (merged - after).abs().mean(), (merged - before).abs().mean()
 
     planned = plan_memory(load_decoder_config(model_dir), BackendSettings.from_dict(CONFIG)).devices[0].total
     measured = _engine_peak_bytes(server)
-    print(f"\nreal-shape {NAME} (2 layers, bf16): engine peak {measured / 2**30:.3f} GiB, plan {planned / 2**30:.3f} "
-          f"GiB, plan/measured {planned / measured:.3f}")
-    assert abs(planned - measured) <= PLAN_TOLERANCE * measured
+    print(f"\nreal-shape {spec.name} ({spec.num_layers} layer(s), {spec.num_experts or 'all'} experts, bf16): engine "
+          f"peak {measured / 2**30:.3f} GiB, plan {planned / 2**30:.3f} GiB, plan/measured {planned / measured:.3f}; "
+          f"trained |dlogprob| {(after - before).abs().mean():.4f}; vs the server: PEFT {peft_error:.4f}, merged "
+          f"{merged_error:.4f} (from the base {merged_move:.4f})")
+    assert peft_error < spec.peft_tolerance
+    assert merged_error < merged_move / 2
+    assert measured <= planned <= (1 + PLAN_TOLERANCE) * measured
