@@ -195,6 +195,7 @@ def test_lora_step_sample_save_export_reload_and_peak_within_plan(family, server
     # about delta's size here), so its logprobs are held to moving from the base's towards the adapter's
     merged = _hf_logprobs(tmp_path / "merged", TOKENS)
     merged_error, merged_move = (merged - after).abs().mean(), (merged - before).abs().mean()
+    shutil.rmtree(tmp_path / "merged")  # up to 5 GB; pytest keeps three sessions' temp dirs
 
     planned = plan_memory(load_decoder_config(model_dir), BackendSettings.from_dict(CONFIG)).devices[0].total
     measured = _engine_peak_bytes(server)
