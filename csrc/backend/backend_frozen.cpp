@@ -92,8 +92,11 @@ int64_t Backend::snapshot_cost(const std::string& model_id) const {
 }
 
 std::pair<std::map<std::string, at::Tensor>, OptimizerState> Backend::state_views(const std::string& model_id) const {
-  SKYRL_TX_CHECK(!tensor_parallel().enabled() && !zero_state(model_id), Unimplemented, "state_views: model '",
-                 model_id, "' is split over ranks here; copy it with trainable_state and optimizer_state");
+  // Experts over the data-parallel ranks split LoRA expert factors too (split_group, not tensor_parallel): a rank's
+  // views of those are its rows only, and trainable_state's gathers are collectives the other ranks must join.
+  SKYRL_TX_CHECK(!tensor_parallel().enabled() && !split_group().enabled() && !zero_state(model_id), Unimplemented,
+                 "state_views: model '", model_id,
+                 "' is split over ranks here; copy it with trainable_state and optimizer_state");
   std::pair<std::map<std::string, at::Tensor>, OptimizerState> out;
   OptimizerState& opt = out.second;
   opt.kind = optimizer_kind(model_id);
