@@ -130,3 +130,41 @@ def _sample_until_admitted(url, sampler, prompt, params, engine: str) -> None:
         if f"replaced sampler engine(s) {engine}" in url.log_path.read_text(errors="replace"):
             return
         _tokens([sampler.sample(prompt, 1, params)])
+
+
+def test_an_engine_found_dead_at_a_sync_costs_no_other_engine(tiny_model_dir, tmp_path, monkeypatch, caplog) -> None:
+    """The backend itself: engine 0 dies while nothing samples (nothing notices), then a snapshot is synced. The sync
+    must drop engine 0 and reach engine 1 alone. Before the fix, the trainer sent the sync to the members in order,
+    stopped at dead engine 0 and then waited for engine 1's answer to a sync it never sent: engine 1 was declared
+    hung after inference_engine_timeout_s and killed (a healthy engine lost, the engine loop blocked meanwhile)."""
+    from skyrl_tx.backend.factory import make_backend
+    from skyrl_tx.config import BackendSettings
+    from skyrl_tx.types import SampleRequest, SamplingParams
+
+    monkeypatch.setenv("SKYRL_TX_TEST_SAMPLER_START_GATE", str(tmp_path / "never"))  # replacements stay unloaded
+    settings = BackendSettings(max_lora_adapters=2, max_lora_rank=4, max_sampling_sequences=4, colocate_all=False,
+                               num_inference_engines=2, inference_engine_devices=("cpu", "cpu"),
+                               inference_engine_timeout_s=5.0)
+    backend = make_backend(tiny_model_dir("tiny-qwen3"), settings)
+    pool = backend._pool
+    try:
+        survivor = pool.procs[1].pid
+        os.kill(pool.procs[0].pid, signal.SIGKILL)
+        pool.procs[0].join()  # dead for sure before the sync
+        backend.create_model("m", lora_rank=4, seed=3)
+        with caplog.at_level("WARNING", logger="skyrl_tx.parallel"):
+            backend.snapshot("m", "m@1")
+        lost_1 = dict(pool.lost), 1 in pool.given_up or pool.procs[1].pid != survivor or 1 in pool.starting
+        sample_id = backend.submit_sample(SampleRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0),
+                                                        weights_id="m@1"))
+        results: dict[int, object] = {}
+        for _ in range(2000):  # a bound (a stalled engine fails the test instead of hanging it)
+            results.update(backend.sample_step())
+            if sample_id in results:
+                break
+    finally:
+        backend.close()
+    assert lost_1 == ({}, False), (lost_1, caplog.text)  # engine 1 was never lost (0 is being replaced)
+    assert "hung" not in caplog.text, caplog.text
+    assert 0 in pool.starting and pool.procs[1].pid == survivor
+    assert len(results[sample_id].sequences[0].tokens) == 4  # served by engine 1, the version synced to it
