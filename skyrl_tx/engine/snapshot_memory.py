@@ -212,7 +212,10 @@ class SnapshotMemory:
             tensors = state if state is not None else self.backend.trainable_state(model_id)
             stamps = {name: object() for name in tensors}  # stamps no later spill can match
         else:
-            changed = {name for name, stamp in stamps.items() if latest.get(name, (None,))[0] != stamp}
+            # A file whose write is known to have failed is no source: the tensor is written again (else every later
+            # snapshot of unchanged weights would refer to it and could never be loaded back, nor evicted).
+            changed = {name for name, stamp in stamps.items()
+                       if name not in latest or latest[name][0] != stamp or _failed(latest[name][1])}
             tensors = self.backend.trainable_state(model_id, names=changed, model_dtype=True) if changed else {}
         spill = Spill()
         if tensors:
@@ -244,6 +247,11 @@ class SnapshotMemory:
         with open(path, "wb") as out:
             TensorFile(tensors, cast_to=self.dtype).write_to(out)
         return path
+
+
+def _failed(file: SpillFile) -> bool:
+    """Whether the file's write has ended in an error (without waiting for one still running)."""
+    return file.written.done() and file.written.exception() is not None
 
 
 def _remove_file(written: Future[Path]) -> None:
