@@ -152,13 +152,15 @@ class SamplerEnginePool:
         self.sync, self.members = None, []
         if not members:
             return
+        self._drop_dead(members, "a regroup")
         width = self._settings.inference_engine_tensor_parallel_size  # each engine rank is a sync-group rank
         world, tag = 1 + len(members) * width, next(self._tags)
         address = f"127.0.0.1:{free_local_port()}"
-        sent = [self.send(index, ("regroup", tag, address, 1 + position * width, world, self.group_timeout_s))
-                for position, index in enumerate(members)]
-        if not all(sent):  # the others fail their join after the timeout and say so; they wait for the next
-            raise EngineLost(f"sampler engine(s) {[i for i, ok in zip(members, sent) if not ok]} lost before a regroup")
+        for position, index in enumerate(members):
+            if not self.send(index, ("regroup", tag, address, 1 + position * width, world, self.group_timeout_s)):
+                # (died since _drop_dead: those sent the regroup fail their join after the timeout and say so;
+                # they wait for the next)
+                raise EngineLost(f"sampler engine {index} lost before a regroup")
         try:
             sync = join_sync_group(address, 0, world, self.group_timeout_s, device=self._sync_device)
         except InternalError as exc:
@@ -179,9 +181,10 @@ class SamplerEnginePool:
         reading every survivor's answer)."""
         tag = next(self._tags)
         members = list(self.members)
-        for index in members:
+        self._drop_dead(members, "a weight sync")
+        for position, index in enumerate(members):
             if not self.send(index, ("sync", tag, snapshot_id, lora, resync)):
-                self._abandon(members, tag)
+                self._abandon(members[:position], tag)  # only those sent the sync answer it
                 raise EngineLost(f"sampler engine {index} {self.lost.get(index)}")
         try:
             self.sync.sync(version, sent, self._sync_device)
@@ -196,6 +199,16 @@ class SamplerEnginePool:
                 raise EngineLost(f"sampler engine {index} {self.lost.get(index)}")
             answers.append(answer)
         return answers
+
+    def _drop_dead(self, members: list[int], what: str) -> None:
+        """Raises EngineLost (the dead marked lost) if a member died unnoticed (nothing in flight on it), before any
+        member is sent a command: one sent a sync or a regroup the others cannot complete would block in it until
+        the group's timeout, and the trainer would wait for its answer (and could take it for hung)."""
+        dead = [index for index in members if index in self.lost or not self.procs[index].is_alive()]
+        for index in dead:
+            self.lose(index, f"found dead before {what}")
+        if dead:
+            raise EngineLost(f"sampler engine(s) {dead} found dead before {what}")
 
     def _abandon(self, members: list[int], tag: int) -> None:
         """A sync that failed: the group goes (a survivor blocked in it gets an error), every member still running
