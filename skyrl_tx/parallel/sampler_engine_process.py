@@ -21,7 +21,8 @@ Test hooks (tests/parallel/test_sampler_engine_replacement.py), read from the en
 engine starts or dies by construction rather than timing: with SKYRL_TX_TEST_SAMPLER_START_GATE=<path>, a
 *replacement* engine (not one of the first ones) waits, before it loads the model, until <path> exists (or it is told
 to stop); with SKYRL_TX_TEST_SAMPLER_SYNC_EXIT=<prefix>, engine i exits, the moment a sync command reaches it (the
-trainer is then inside the broadcast), if the file <prefix><i> exists (it deletes the file first: one exit per file).
+trainer is then inside the broadcast), if the file <prefix><i> exists (it deletes the file first: one exit per file);
+with SKYRL_TX_TEST_SAMPLER_JOIN_FAIL=<path>, a replacement answers every regroup with an error while <path> exists.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ HEARTBEAT_S = 1.0  # a sampler engine decoding with nothing to report says it is
 
 START_GATE_ENV = "SKYRL_TX_TEST_SAMPLER_START_GATE"  # the test hooks of the module docstring
 SYNC_EXIT_ENV = "SKYRL_TX_TEST_SAMPLER_SYNC_EXIT"
+JOIN_FAIL_ENV = "SKYRL_TX_TEST_SAMPLER_JOIN_FAIL"
 
 
 def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, conn: Any, sync_on_cuda: bool = False,
@@ -92,6 +94,8 @@ def sampler_engine_main(model_dir: str, settings: dict[str, Any], index: int, co
             elif kind == "regroup":  # a member came or went: every rank leaves the old group and joins the new one
                 _, tag, address, rank, world, timeout_s = message
                 try:
+                    if replacement and os.path.exists(os.environ.get(JOIN_FAIL_ENV) or "\0"):  # the test hook
+                        raise RuntimeError("the test hook refuses this replacement's join")
                     backend.join_weight_sync(address, rank, world, timeout_s, sync_on_cuda)
                     conn.send(("regrouped", tag, None))
                 except Exception as exc:  # noqa: BLE001 - reported; the trainer regroups again or replaces it

@@ -168,3 +168,47 @@ def test_an_engine_found_dead_at_a_sync_costs_no_other_engine(tiny_model_dir, tm
     assert "hung" not in caplog.text, caplog.text
     assert 0 in pool.starting and pool.procs[1].pid == survivor
     assert len(results[sample_id].sequences[0].tokens) == 4  # served by engine 1, the version synced to it
+
+
+def test_a_replacement_that_cannot_join_is_given_up_not_tried_forever(tiny_model_dir, tmp_path, monkeypatch,
+                                                                      caplog) -> None:
+    """The backend itself: engine 0's replacement loads but every join of the sync group fails (the
+    SKYRL_TX_TEST_SAMPLER_JOIN_FAIL hook). Each admission attempt holds the engine loop and the live engine in a join
+    for the group's timeout; after MAX_FAILED_STARTS such attempts it is given up, while engine 1 serves. Before the
+    fix it was tried again at every sample step, for ever (never counted as a failed start)."""
+    import time
+
+    from skyrl_tx.backend.factory import make_backend
+    from skyrl_tx.config import BackendSettings
+    from skyrl_tx.parallel.sampler_engine_pool import MAX_FAILED_STARTS
+    from skyrl_tx.types import SampleRequest, SamplingParams
+
+    refuse = tmp_path / "refuse-join"
+    refuse.touch()
+    monkeypatch.setenv("SKYRL_TX_TEST_SAMPLER_JOIN_FAIL", str(refuse))
+    caplog.set_level("WARNING", logger="skyrl_tx.parallel")
+    settings = BackendSettings(max_lora_adapters=2, max_lora_rank=4, max_sampling_sequences=4, colocate_all=False,
+                               num_inference_engines=2, inference_engine_devices=("cpu", "cpu"))
+    backend = make_backend(tiny_model_dir("tiny-qwen3"), settings)
+    pool = backend._pool
+    pool.group_timeout_s = 2.0  # what each failed admission holds the loop for (60 s at least in a server)
+    failed = "admitting the replaced sampler engine(s) [0] failed"
+    try:
+        survivor = pool.procs[1].pid
+        os.kill(pool.procs[0].pid, signal.SIGKILL)
+        request = SampleRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0))
+        results: dict[int, object] = {backend.submit_sample(request): None}  # its step notices engine 0's death
+        for _ in range(2400):  # a bound (about 2 minutes), so attempts without end fail the test instead of hanging it
+            if 0 in pool.given_up or caplog.text.count(failed) > MAX_FAILED_STARTS:
+                break
+            if all(results.values()):  # something in flight, so that steps drain the engines' pipes
+                results[backend.submit_sample(request)] = None
+            results.update(backend.sample_step())
+            time.sleep(0.05)
+    finally:
+        refuse.unlink()
+        backend.close()
+    assert caplog.text.count(failed) == MAX_FAILED_STARTS and 0 in pool.given_up, caplog.text[-3000:]
+    assert 1 not in pool.lost and 1 not in pool.given_up and pool.procs[1].pid == survivor, caplog.text[-3000:]
+    done = [r for r in results.values() if r is not None]
+    assert done and all(len(r.sequences[0].tokens) == 4 for r in done)  # engine 1 served meanwhile
