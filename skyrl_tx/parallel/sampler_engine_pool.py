@@ -113,6 +113,19 @@ class SamplerEnginePool:
         self.loaded.discard(index)
         self._failed_starts[index] = 0
 
+    def admission_failed(self, indices: list[int]) -> None:
+        """Loaded replacements whose admission failed with no other engine to blame (none was lost in it): each
+        such failure counts as a failed start, and one that reaches MAX_FAILED_STARTS is lost (restart_lost then
+        gives it up) instead of being tried again at every step, each try holding the loop and the live engines in
+        a join for the group's timeout."""
+        for index in indices:
+            if index not in self.loaded:
+                continue
+            self._failed_starts[index] += 1
+            if self._failed_starts[index] >= MAX_FAILED_STARTS:
+                self.lose(index, f"could not be admitted (joining the sync group and catching up) "
+                                 f"{MAX_FAILED_STARTS} times in a row")
+
     def _failed_start(self, index: int, why: str) -> None:
         self._failed_starts[index] += 1
         self.starting.pop(index, None)

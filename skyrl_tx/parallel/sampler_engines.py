@@ -254,6 +254,8 @@ class SamplerEnginesBackend:
                         self._pool.lose(index, f"could not keep {snapshot_id!r} when it caught up: {answer[3]}")
                         raise EngineLost(str(answer[3]))
         except EngineLost as exc:
+            if not any(index not in loaded for index in self._pool.lost):  # (_tend restarted the lost ones first)
+                self._pool.admission_failed(loaded)  # no other engine to blame: bounded, then given up
             log.warning("admitting the replaced sampler engine(s) %s failed (%s); trying again", loaded, exc)
             return
         for index in loaded:
