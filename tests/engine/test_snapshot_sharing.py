@@ -4,23 +4,16 @@ snapshot that refers to them); each version still samples exactly what its own w
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import pytest
 import torch
 from train_reference import ROBUST_ADAM, make_datums, our_logprobs, random_sequences
 
 from skyrl_tx.backend.native import NativeBackend
-from skyrl_tx.checkpoints.store import CheckpointStore
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.db import migrate
-from skyrl_tx.db.models import ModelRecord, SessionRecord
-from skyrl_tx.db.session import make_engine, make_session_factory
-from skyrl_tx.engine.checkpointing import Checkpointer
 from skyrl_tx.engine.loop import EngineLoop
 from skyrl_tx.types import SampleRequest, SamplingParams, TrainRequest
 
-from engine_rows import DATUM, add, future, results
+from engine_rows import DATUM, add, full_model_loop, future, results
 
 PROMPT = [5, 17, 3, 25, 41, 9]
 PARAMS = SamplingParams(max_tokens=8, temperature=1.0, seed=7, stop=[])
@@ -102,18 +95,7 @@ SAMPLE = {"prompt_tokens": [5, 6, 7, 8], "num_samples": 2,
 
 @pytest.fixture()
 def loop(tmp_path, tiny_model_dir) -> EngineLoop:
-    url = f"sqlite:///{tmp_path / 'engine.db'}"
-    migrate.upgrade(url)
-    model_dir = tiny_model_dir("tiny-qwen3")
-    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=1))
-    sessions = make_session_factory(make_engine(url))
-    checkpointer = Checkpointer(backend, CheckpointStore(str(tmp_path / "checkpoints")), sessions, model_dir)
-    loop = EngineLoop(backend, sessions, checkpointer, session_timeout_s=600)
-    add(loop, SessionRecord(id="s", last_heartbeat_at=datetime.now(timezone.utc)))
-    add(loop, ModelRecord(id=MODEL, session_id="s", base_model="tiny-qwen3", lora_rank=0),
-        future(f"{MODEL}:create", "create_model", {"model_id": MODEL, "lora_rank": 0, "seed": 1, "train_attn": True,
-                                                   "train_mlp": True, "train_unembed": True}))
-    loop.step()
+    loop = full_model_loop(tmp_path, tiny_model_dir("tiny-qwen3"), MODEL)
     yield loop
     loop.checkpointer.snapshot_memory.close()
 

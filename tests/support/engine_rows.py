@@ -75,3 +75,27 @@ def stored_result(f: FutureRecord) -> Any:
         return f.result
     _, outputs, metrics = codec.decode_forward_backward_output(f.result_body)
     return {"loss_fn_outputs": [{k: v.tolist() for k, v in out.items()} for out in outputs], "metrics": metrics}
+
+
+def full_model_loop(tmp_path, model_dir, model_id: str) -> EngineLoop:
+    """An EngineLoop on a fresh SQLite database with session "s" and a full fine-tune `model_id` already created
+    (one adapter slot): the snapshot-memory tests' starting point. Close its checkpointer's snapshot_memory after."""
+    from skyrl_tx.backend.native import NativeBackend
+    from skyrl_tx.checkpoints.store import CheckpointStore
+    from skyrl_tx.config import BackendSettings
+    from skyrl_tx.db import migrate
+    from skyrl_tx.db.session import make_engine, make_session_factory
+    from skyrl_tx.engine.checkpointing import Checkpointer
+
+    url = f"sqlite:///{tmp_path / 'engine.db'}"
+    migrate.upgrade(url)
+    backend = NativeBackend(model_dir, BackendSettings(max_lora_adapters=1))
+    sessions = make_session_factory(make_engine(url))
+    checkpointer = Checkpointer(backend, CheckpointStore(str(tmp_path / "checkpoints")), sessions, model_dir)
+    loop = EngineLoop(backend, sessions, checkpointer, session_timeout_s=600)
+    add(loop, SessionRecord(id="s", last_heartbeat_at=datetime.now(timezone.utc)))
+    add(loop, ModelRecord(id=model_id, session_id="s", base_model="tiny-qwen3", lora_rank=0),
+        future(f"{model_id}:create", "create_model", {"model_id": model_id, "lora_rank": 0, "seed": 1,
+                                                      "train_attn": True, "train_mlp": True, "train_unembed": True}))
+    loop.step()
+    return loop
