@@ -137,6 +137,8 @@ def test_an_engine_found_dead_at_a_sync_costs_no_other_engine(tiny_model_dir, tm
     must drop engine 0 and reach engine 1 alone. Before the fix, the trainer sent the sync to the members in order,
     stopped at dead engine 0 and then waited for engine 1's answer to a sync it never sent: engine 1 was declared
     hung after inference_engine_timeout_s and killed (a healthy engine lost, the engine loop blocked meanwhile)."""
+    import time
+
     from skyrl_tx.backend.factory import make_backend
     from skyrl_tx.config import BackendSettings
     from skyrl_tx.types import SampleRequest, SamplingParams
@@ -162,11 +164,24 @@ def test_an_engine_found_dead_at_a_sync_costs_no_other_engine(tiny_model_dir, tm
             results.update(backend.sample_step())
             if sample_id in results:
                 break
+        starting = 0 in pool.starting
+        # Engine 0's replacement loads (released), then dies before the step that would admit it: a failed start
+        # (counted towards giving it up), not a plain loss that could repeat for ever.
+        (tmp_path / "never").touch()
+        for _ in range(2400):  # a bound (about 2 minutes)
+            if pool.poll_starting():
+                break
+            time.sleep(0.05)
+        os.kill(pool.procs[0].pid, signal.SIGKILL)
+        pool.procs[0].join()
+        backend._tend()
+        failed_starts = pool._failed_starts[0]
     finally:
         backend.close()
     assert lost_1 == ({}, False), (lost_1, caplog.text)  # engine 1 was never lost (0 is being replaced)
     assert "hung" not in caplog.text, caplog.text
-    assert 0 in pool.starting and pool.procs[1].pid == survivor
+    assert starting and pool.procs[1].pid == survivor
+    assert failed_starts == 1, caplog.text[-3000:]
     assert len(results[sample_id].sequences[0].tokens) == 4  # served by engine 1, the version synced to it
 
 
