@@ -219,7 +219,10 @@ class SamplerEnginePool:
         the group's timeout, and the trainer would wait for its answer (and could take it for hung)."""
         dead = [index for index in members if index in self.lost or not self.procs[index].is_alive()]
         for index in dead:
-            self.lose(index, f"found dead before {what}")
+            if index in self.starting:  # a loaded replacement that died before it was admitted: a failed start
+                self._failed_start(index, f"died before {what} that would have admitted it")
+            else:
+                self.lose(index, f"found dead before {what}")
         if dead:
             raise EngineLost(f"sampler engine(s) {dead} found dead before {what}")
 
