@@ -220,10 +220,24 @@ def test_a_replacement_that_cannot_join_is_given_up_not_tried_forever(tiny_model
                 results[backend.submit_sample(request)] = None
             results.update(backend.sample_step())
             time.sleep(0.05)
+        engine_1 = 1 not in pool.lost and 1 not in pool.given_up and pool.procs[1].pid == survivor
+        served = [r for r in results.values() if r is not None]  # (one still in flight fails below with `last`)
+        # Then engine 1 dies (unnoticed: the request below is still sent to it) and its replacement cannot join
+        # either: once it is given up too, the request fails with a clear server error instead of waiting for ever.
+        os.kill(pool.procs[1].pid, signal.SIGKILL)
+        pool.procs[1].join()
+        last = backend.submit_sample(request)
+        for _ in range(2400):  # a bound (about 2 minutes)
+            results.update(backend.sample_step())
+            if last in results:
+                break
+            time.sleep(0.05)
     finally:
         refuse.unlink()
         backend.close()
     assert caplog.text.count(failed) == MAX_FAILED_STARTS and 0 in pool.given_up, caplog.text[-3000:]
-    assert 1 not in pool.lost and 1 not in pool.given_up and pool.procs[1].pid == survivor, caplog.text[-3000:]
-    done = [r for r in results.values() if r is not None]
-    assert done and all(len(r.sequences[0].tokens) == 4 for r in done)  # engine 1 served meanwhile
+    assert engine_1, caplog.text[-3000:]
+    error = getattr(results.pop(last, None), "error", None)
+    assert error is not None and error.category == "server" and "no sampler engine is left" in str(error), error
+    assert set(pool.given_up) == {0, 1}
+    assert served and all(len(r.sequences[0].tokens) == 4 for r in served)  # engine 1 served meanwhile
