@@ -8,6 +8,9 @@ Each engine slot is lost, starting, or live:
 - a live engine is a member of the sync group, or was until another member was lost: the caller rebuilds the group
   (`regroup`) with the live engines alone before its next sync, and with a loaded replacement when it admits it.
   Only processes that hold the model are ever asked to join a group, so a regroup is a rendezvous, never a load.
+  Members are checked alive before a sync or a regroup is sent to any of them (one sent a command the others cannot
+  complete would sit in it until the group's timeout). A replacement that dies before it is admitted, or whose
+  admission fails with no other engine to blame, counts a failed start: after MAX_FAILED_STARTS it is given up.
 Answers to a regroup or a sync carry the tag of their command, so an answer to an abandoned one is never mistaken
 for the next one's. Only the engine loop's thread calls it.
 """
