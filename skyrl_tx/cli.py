@@ -42,6 +42,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "download URLs point there (default: http://<host>:<port>)")
     parser.add_argument("--session-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="unload the models of a session that sent no heartbeat for this long (default 300)")
+    parser.add_argument("--long-poll-s", type=_long_poll_seconds, default=25.0, metavar="SECONDS",
+                        help="how long retrieve_future waits for a result before answering try_again (default 25; "
+                             "0.5-50, below the SDK's 60 s HTTP timeout; keep it below any proxy's idle timeout)")
     parser.add_argument("--sample-retrieve-futures", action="store_true",
                         help="ask SDK 0.38 clients to wait for samples with one retrieve_futures long poll per "
                              "sampling client (off by default: that SDK path can hang a client's close; README)")
@@ -104,6 +107,17 @@ def secret_option(args: argparse.Namespace, name: str, env: str) -> str | None:
     return os.environ.get(env) or None
 
 
+def _long_poll_seconds(text: str) -> float:
+    """--long-poll-s: a number of seconds in [0.5, 50] (the SDK's own 60 s HTTP timeout bounds the top)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0.5 <= value <= 50.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.5 and 50 seconds, got {value:g}")
+    return value
+
+
 def server_settings(args: argparse.Namespace):
     from skyrl_tx.config import ServerSettings
 
@@ -111,7 +125,8 @@ def server_settings(args: argparse.Namespace):
     return ServerSettings(base_model=args.base_model, model_aliases=tuple(args.model_alias), host=args.host,
                           port=args.port, database_url=secret_option(args, "database_url", DATABASE_URL_ENV),
                           backend=BackendSettings.from_json(args.backend_config),
-                          session_timeout_s=args.session_timeout, checkpoints_base=args.checkpoints_base,
+                          session_timeout_s=args.session_timeout, long_poll_s=getattr(args, "long_poll_s", 25.0),
+                          checkpoints_base=args.checkpoints_base,
                           checkpoints_storage_options=_json_object(storage_options, "--checkpoints-storage-options"),
                           engine=getattr(args, "engine", "process"), public_url=getattr(args, "public_url", None),
                           url_signing_secret=secret_option(args, "url_signing_secret", SIGNING_SECRET_ENV),

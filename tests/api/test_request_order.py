@@ -18,7 +18,8 @@ from sdk_training import datum
 
 @pytest.fixture(scope="module")
 def server_options() -> dict[str, Any]:
-    return {"backend_config": {"max_lora_adapters": 1}}  # one slot: a leaked adapter blocks the next user
+    # one slot: a leaked adapter blocks the next user; a 2 s long poll: the test below waits out one
+    return {"backend_config": {"max_lora_adapters": 1}, "extra_args": ["--long-poll-s", "2"]}
 
 
 def _retrieve(base_url: str, request_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -31,13 +32,13 @@ def _retrieve(base_url: str, request_id: str, timeout_s: float = 60.0) -> dict[s
 
 
 def test_forward_backward_arriving_after_its_optim_step_is_applied_first(tinker_env: str) -> None:
-    """The client's optim_step (seq 2) reaches the server 25 s before the forward_backward (seq 1) it follows: the
-    step must still see that forward_backward's gradients (a non-zero grad_norm), never run before it."""
+    """The client's optim_step (seq 2) reaches the server a long poll before the forward_backward (seq 1) it
+    follows: the step must still see that forward_backward's gradients (a non-zero grad_norm), never run before it."""
     with tinker.ServiceClient() as service:
         model_id = service.create_lora_training_client(base_model="tiny-qwen3", rank=4).result().model_id
         step = httpx.post(f"{tinker_env}/api/v1/optim_step", timeout=30, json={
             "model_id": model_id, "seq_id": 2, "adam_params": {"learning_rate": 1e-3}}).json()
-        # A slow upload: the step waits (one long poll, 25 s, answers try_again saying for what), never runs first.
+        # A slow upload: the step waits (one long poll, 2 s here, answers try_again saying for what), never runs first.
         waiting = httpx.post(f"{tinker_env}/api/v1/retrieve_future", json={"request_id": step["request_id"]},
                              timeout=60).json()
         assert waiting["type"] == "try_again", waiting

@@ -41,6 +41,19 @@ def test_unknown_backend_config_key_lists_valid_keys(preset_cache: Path) -> None
     assert "unknown key(s) max_lora_adaptors" in result.stderr and "max_lora_adapters" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "51", "soon"])
+def test_a_long_poll_outside_its_range_is_refused_with_the_range(preset_cache: Path, value: str, capsys) -> None:
+    from skyrl_tx.cli import build_parser, server_settings
+
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["serve", "--base-model", "tiny-qwen3", "--long-poll-s", value])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert "--long-poll-s" in error and ("between 0.5 and 50 seconds" in error or "must be a number" in error), error
+    args = build_parser().parse_args(["serve", "--base-model", "tiny-qwen3", "--long-poll-s", "2.5"])
+    assert server_settings(args).long_poll_s == 2.5  # and a value in range reaches the server's settings
+
+
 def test_unknown_base_model_is_a_clear_error(preset_cache: Path) -> None:
     result = run_module(["-m", "skyrl_tx.api", "--base-model", "no-such-model"], preset_cache)
     assert result.returncode == 2
