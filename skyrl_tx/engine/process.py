@@ -29,6 +29,9 @@ from skyrl_tx.db.future_queries import FutureOutcome, Notify, outcome_from_json,
 log = logging.getLogger("skyrl_tx.engine")
 
 RESTART_DELAYS_S = (0.2, 1.0, 5.0)  # back-off between restarts after crashes in quick succession
+# Tests only: a test that kills the engine ten times on purpose (tests/api/test_engine_kills.py) replaces the back-off
+# with this one delay in seconds, so it does not wait ~40 s of back-off meant for a crash loop. Unset in production.
+RESTART_DELAY_ENV = "SKYRL_TX_TEST_ENGINE_RESTART_DELAY_S"
 STABLE_AFTER_S = 60.0  # an engine that ran this long resets the back-off
 # Tests only: the first engine process starts once this file exists, so a test can observe the server while its
 # engine has not recovered yet (tests/api/test_restart_serves_at_once.py). Unset in production.
@@ -136,6 +139,8 @@ class EngineProcess:
                 return
             crashes = 0 if time.monotonic() - started > STABLE_AFTER_S else crashes + 1
             delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1] if crashes else RESTART_DELAYS_S[0]
+            if os.environ.get(RESTART_DELAY_ENV):
+                delay = float(os.environ[RESTART_DELAY_ENV])
             log.error("engine process %d exited with code %s; restarting in %.1fs (pending requests are kept)",
                       process.pid, code, delay)
             self.restarts += 1

@@ -73,7 +73,9 @@ def _killer(url: str, database, model_id: str, kills: list[int], stop: threading
 def test_ten_engine_kills_during_a_pipelined_run_change_nothing(monkeypatch, preset_cache) -> None:
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    with live_server(backend_config={"recovery_snapshot_every_steps": 3}) as url:
+    # The restarts wait 0.2 s each, not the crash-loop back-off (0.2, 1, then 5 s per kill: ~40 s of sleeping here).
+    with live_server(backend_config={"recovery_snapshot_every_steps": 3},
+                     env={"SKYRL_TX_TEST_ENGINE_RESTART_DELAY_S": "0.2"}) as url:
         monkeypatch.setenv("TINKER_BASE_URL", url)
         database = url.log_path.parent / "skyrl_tx.db"
         with tinker.ServiceClient() as service:
