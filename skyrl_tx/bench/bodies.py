@@ -74,7 +74,7 @@ def measure(datums: int, tokens: int, reps: int) -> dict[str, Any]:
         db.execute(ModelRecord.__table__.insert(), {"id": "bench:train:0", "session_id": "bench",
                                                     "base_model": "tiny", "lora_rank": 8})
     api = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(wake_engine=lambda: None, database=database)),
-                          state=SimpleNamespace())  # what submit_future reads of a request
+                          state=SimpleNamespace(), scope={"state": {}})  # what submit_future reads of a request
     outputs = [{"logprobs": -torch.rand(tokens), "elementwise_loss": torch.rand(tokens)} for _ in range(datums)]
     stages: dict[str, list[float]] = {}
 
