@@ -4,6 +4,8 @@ snapshot that refers to them); each version still samples exactly what its own w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from train_reference import ROBUST_ADAM, make_datums, our_logprobs, random_sequences
@@ -13,7 +15,7 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.engine.loop import EngineLoop
 from skyrl_tx.types import SampleRequest, SamplingParams, TrainRequest
 
-from engine_rows import DATUM, add, full_model_loop, future, results
+from engine_rows import DATUM, FULL_MODEL, SEEDED_SAMPLE, add, full_model_loop, future, results
 
 PROMPT = [5, 17, 3, 25, 41, 9]
 PARAMS = SamplingParams(max_tokens=8, temperature=1.0, seed=7, stop=[])
@@ -88,16 +90,13 @@ def test_tensors_a_step_does_not_write_stay_shared(tiny_model_dir) -> None:
 
 
 # ---- through the engine: the budget counts shared bytes once, and spill files are shared too ---------------------
-MODEL = "s:train:0"
-SAMPLE = {"prompt_tokens": [5, 6, 7, 8], "num_samples": 2,
-          "sampling_params": {"max_tokens": 8, "temperature": 1.0, "seed": 1234}}
+MODEL, SAMPLE = FULL_MODEL, SEEDED_SAMPLE
 
 
 @pytest.fixture()
-def loop(tmp_path, tiny_model_dir) -> EngineLoop:
-    loop = full_model_loop(tmp_path, tiny_model_dir("tiny-qwen3"), MODEL)
-    yield loop
-    loop.checkpointer.snapshot_memory.close()
+def loop(tmp_path, tiny_model_dir) -> Iterator[EngineLoop]:
+    with full_model_loop(tmp_path, tiny_model_dir("tiny-qwen3")) as loop:
+        yield loop
 
 
 def _run(loop: EngineLoop, *rows) -> dict:

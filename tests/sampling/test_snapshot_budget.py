@@ -3,6 +3,8 @@ disk, and sampling an evicted one gives exactly the tokens and logprobs it gave 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from skyrl_tx.checkpoints.paths import TinkerPath
@@ -10,18 +12,15 @@ from skyrl_tx.config import BackendSettings
 from skyrl_tx.engine.loop import EngineLoop
 from skyrl_tx.errors import InvalidArgumentError
 
-from engine_rows import DATUM, add, full_model_loop, future, results
+from engine_rows import DATUM, FULL_MODEL, SEEDED_SAMPLE, add, full_model_loop, future, results
 
-MODEL = "s:train:0"
-SAMPLE = {"prompt_tokens": [5, 6, 7, 8], "num_samples": 2,
-          "sampling_params": {"max_tokens": 8, "temperature": 1.0, "seed": 1234}}
+MODEL, SAMPLE = FULL_MODEL, SEEDED_SAMPLE
 
 
 @pytest.fixture()
-def loop(tmp_path, tiny_model_dir) -> EngineLoop:
-    loop = full_model_loop(tmp_path, tiny_model_dir("tiny-qwen3"), MODEL)
-    yield loop
-    loop.checkpointer.snapshot_memory.close()
+def loop(tmp_path, tiny_model_dir) -> Iterator[EngineLoop]:
+    with full_model_loop(tmp_path, tiny_model_dir("tiny-qwen3")) as loop:
+        yield loop
 
 
 def run(loop: EngineLoop, *rows) -> dict:

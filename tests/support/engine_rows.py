@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 from typing import Any
@@ -77,9 +79,15 @@ def stored_result(f: FutureRecord) -> Any:
     return {"loss_fn_outputs": [{k: v.tolist() for k, v in out.items()} for out in outputs], "metrics": metrics}
 
 
-def full_model_loop(tmp_path, model_dir, model_id: str) -> EngineLoop:
+FULL_MODEL = "s:train:0"  # full_model_loop's model
+SEEDED_SAMPLE = {"prompt_tokens": [5, 6, 7, 8], "num_samples": 2,
+                 "sampling_params": {"max_tokens": 8, "temperature": 1.0, "seed": 1234}}
+
+
+@contextlib.contextmanager
+def full_model_loop(tmp_path, model_dir, model_id: str = FULL_MODEL) -> Iterator[EngineLoop]:
     """An EngineLoop on a fresh SQLite database with session "s" and a full fine-tune `model_id` already created
-    (one adapter slot): the snapshot-memory tests' starting point. Close its checkpointer's snapshot_memory after."""
+    (one adapter slot): the snapshot-memory tests' starting point; its snapshot memory is closed after."""
     from skyrl_tx.backend.native import NativeBackend
     from skyrl_tx.checkpoints.store import CheckpointStore
     from skyrl_tx.config import BackendSettings
@@ -98,4 +106,7 @@ def full_model_loop(tmp_path, model_dir, model_id: str) -> EngineLoop:
         future(f"{model_id}:create", "create_model", {"model_id": model_id, "lora_rank": 0, "seed": 1,
                                                       "train_attn": True, "train_mlp": True, "train_unembed": True}))
     loop.step()
-    return loop
+    try:
+        yield loop
+    finally:
+        loop.checkpointer.snapshot_memory.close()
