@@ -33,7 +33,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 def test_every_backend_config_key_has_a_description() -> None:
     assert docs_gen.undocumented_backend_keys() == [], (
-        "describe these --backend-config keys in BACKEND_CONFIG_DOCS (skyrl_tx/docs_gen.py), then run "
+        "describe these --backend-config keys in BACKEND_CONFIG_DOCS (skyrl_tx/backend_config_docs.py), then run "
         "`python -m skyrl_tx.docs_gen docs/reference`")
     assert docs_gen.stale_backend_docs() == [], "BACKEND_CONFIG_DOCS names keys BackendSettings no longer has"
 
