@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +111,15 @@ class SampleRequest:
     topk_sample_logprobs: int = 0  # the k most likely tokens at every generated position
     # Streamed: the engine loop asks sample_progress for it (a sampler engine reports it every step from the first).
     stream: bool = False
+
+    def seeded_from(self, seeds: random.Random) -> SampleRequest:
+        """This request, or a copy seeded from `seeds` if it names no seed. Placements that spread requests over
+        several generators (data-parallel replicas, sampler engines) seed them from one stream, as one process's
+        generator would: each generator's own stream starts at the same seed, so they would draw the same samples."""
+        if self.sampling_params.seed is not None:
+            return self
+        return dataclasses.replace(self, sampling_params=dataclasses.replace(self.sampling_params,
+                                                                             seed=seeds.getrandbits(63)))
 
 
 @dataclass

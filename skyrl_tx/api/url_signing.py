@@ -1,4 +1,5 @@
-"""Checkpoint download URL signatures: HMAC-SHA256 under the server's signing secret, and where that secret lives.
+"""Download URL signatures (checkpoint files, session traces): HMAC-SHA256 under the server's signing secret,
+and where that secret lives.
 
 The secret is --url-signing-secret (or its file / environment variable, see cli.py); by default a random one kept in
 the data directory (mode 0600), so the URLs a server issued still work after it restarts. Servers behind one
@@ -23,15 +24,25 @@ SECRET_FILE = "url_signing_secret"  # in the data directory
 MIN_SECRET_CHARS = 16
 
 
+def sign(secret: bytes, message: str) -> str:
+    """HMAC-SHA256 of `message` under the server's secret: every signed URL (checkpoint files, session traces) names
+    what it opens, its expiry and the API key it was issued to in `message`, each kind with a shape of its own."""
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+
+
+def sign_matches(secret: bytes, message: str, sig: str) -> bool:
+    # compare_digest takes ASCII strings only: any other character cannot be part of a hex signature anyway
+    return sig.isascii() and hmac.compare_digest(sign(secret, message), sig)
+
+
 def signature(secret: bytes, checkpoint: int, file: str, expires: int, key_id: str) -> str:
     """Signs the file, the expiry and the API key the URL was issued to ("" without keys): the download checks that
     key is still valid, so a revoked key's URLs stop working at once rather than when they expire."""
-    return hmac.new(secret, f"{checkpoint}/{file}/{expires}/{key_id}".encode(), hashlib.sha256).hexdigest()
+    return sign(secret, f"{checkpoint}/{file}/{expires}/{key_id}")
 
 
 def signature_matches(secret: bytes, checkpoint: int, file: str, expires: int, key_id: str, sig: str) -> bool:
-    # compare_digest takes ASCII strings only: any other character cannot be part of a hex signature anyway
-    return sig.isascii() and hmac.compare_digest(signature(secret, checkpoint, file, expires, key_id), sig)
+    return sign_matches(secret, f"{checkpoint}/{file}/{expires}/{key_id}", sig)
 
 
 def check_secret(secret: str, source: str) -> None:

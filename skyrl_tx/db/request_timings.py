@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from google.protobuf.message import DecodeError
 from sqlalchemy import Connection, bindparam, func, or_, select
 
 from skyrl_tx.db.models import FutureRecord, ModelRecord
+from skyrl_tx.wire import tinker_wire_pb2 as pb
 
 F = FutureRecord.__table__
 ClientKind = Literal["training", "sampling", "session"]
@@ -83,16 +85,23 @@ def session_request_timings(db: Connection, session_id: str, limit: int) -> tupl
 BODIES = select(F.c.id, F.c.request_body, F.c.request).where(F.c.id.in_(bindparam("ids", expanding=True)))
 
 
-def training_tokens(db: Connection, future_ids: Sequence[str]) -> dict[str, int]:
-    """Input tokens of forward / forward_backward requests (their stored protobuf bodies, read in batches)."""
-    from skyrl_tx.wire import codec  # torch-free; only this reader needs it
+def input_tokens(body: bytes | None, request: dict[str, Any]) -> int:
+    """Input tokens of a stored forward / forward_backward (its protobuf; rows from before migration 0003 keep their
+    datums in the JSON)."""
+    if body is None:
+        return sum(len(d.get("input_tokens") or []) for d in request.get("data") or [])
+    message = pb.ForwardBackwardRequest()
+    try:
+        message.ParseFromString(body)
+    except DecodeError:  # stored by this server, so never; counted as nothing rather than failing the report
+        return 0
+    return sum(len(c.encoded_text.tokens) // 4 for d in message.data for c in d.model_input)
 
+
+def training_tokens(db: Connection, future_ids: Sequence[str]) -> dict[str, int]:
+    """input_tokens of each of these forward / forward_backward requests (their stored bodies, read in batches)."""
     out: dict[str, int] = {}
     for i in range(0, len(future_ids), BODY_BATCH):
         for id_, body, request in db.execute(BODIES, {"ids": list(future_ids[i:i + BODY_BATCH])}):
-            if body is not None:
-                data = codec.decode_forward_backward_request(bytes(body), None)["data"]
-                out[id_] = sum(len(d["input_tokens"]) for d in data)
-            else:  # stored before binary bodies (migration 0003): the datums are in the JSON
-                out[id_] = sum(len(d.get("input_tokens") or ()) for d in (request or {}).get("data") or ())
+            out[id_] = input_tokens(None if body is None else bytes(body), request or {})
     return out

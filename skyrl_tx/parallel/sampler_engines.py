@@ -29,11 +29,10 @@ already); before, a join waited up to the 600 s a model load may take.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import random
 import multiprocessing.connection
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -272,9 +271,7 @@ class SamplerEnginesBackend:
             self._local.add(sample_id)
             return sample_id
         self._tend()
-        if request.sampling_params.seed is None:
-            seed = self._seeds.getrandbits(63)
-            request = dataclasses.replace(request, sampling_params=dataclasses.replace(request.sampling_params, seed=seed))
+        request = request.seeded_from(self._seeds)
         sample_id = next(self._ids)
         self._requests[sample_id] = request
         if request.stream:

@@ -16,7 +16,6 @@ stream starts at the same seed, so two replicas would otherwise draw the same "r
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pickle
 import random
@@ -129,9 +128,7 @@ class SamplingShare:
         self.decoded = [0] * replicas  # sequences each replica returned
 
     def submit(self, request: SampleRequest) -> int:
-        if request.sampling_params.seed is None:
-            params = dataclasses.replace(request.sampling_params, seed=self._seeds.getrandbits(63))
-            request = dataclasses.replace(request, sampling_params=params)
+        request = request.seeded_from(self._seeds)
         replica = self._route()
         sample_id, self._next_id = self._next_id, self._next_id + 1
         self._queued[replica].append((sample_id, request))

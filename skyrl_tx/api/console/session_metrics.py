@@ -16,8 +16,8 @@ from google.protobuf.message import DecodeError
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from skyrl_tx.api.routes.usage import training_tokens
 from skyrl_tx.db.models import FutureRecord, FutureStatus, ModelRecord
+from skyrl_tx.db.request_timings import input_tokens
 from skyrl_tx.wire.codec import decode_forward_backward_output
 
 F, M = FutureRecord.__table__, ModelRecord.__table__
@@ -65,7 +65,7 @@ def _decoded(row: Any) -> tuple[float | None, int]:
             loss = decode_forward_backward_output(row.result_body)[2].get("loss:sum")
         except (DecodeError, ValueError):  # stored by this server, so never; one missing point, not a failed page
             loss = None
-    return loss, training_tokens(row.request_body, row.request or {})
+    return loss, input_tokens(row.request_body, row.request or {})
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
-from google.protobuf.message import DecodeError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -21,8 +20,8 @@ from skyrl_tx.api.routes.training_runs import DEFAULT_PROJECT, OWNER
 from skyrl_tx.api.routes.usage_schemas import BillingUsageResponse, CurrentCheckpointStorageUsageResponse
 from skyrl_tx.db.models import (ApiKeyRecord, CheckpointRecord, CheckpointStatus, FutureRecord, FutureStatus,
                                 ModelRecord, SessionRecord)
+from skyrl_tx.db.request_timings import input_tokens
 from skyrl_tx.errors import InvalidArgumentError
-from skyrl_tx.wire import tinker_wire_pb2 as pb
 
 router = APIRouter(prefix="/api/v1")
 MAX_WINDOW = timedelta(days=14)  # the SDK's documented bound
@@ -57,19 +56,6 @@ def window(starting_on: datetime, ending_before: datetime) -> tuple[datetime, da
     return start, end
 
 
-def training_tokens(body: bytes | None, request: dict[str, Any]) -> int:
-    """Input tokens of a stored forward / forward_backward (its protobuf; rows from before migration 0003 keep their
-    datums in the JSON)."""
-    if body is None:
-        return sum(len(d.get("input_tokens") or []) for d in request.get("data") or [])
-    message = pb.ForwardBackwardRequest()
-    try:
-        message.ParseFromString(body)
-    except DecodeError:  # stored by this server, so never; counted as nothing rather than failing the report
-        return 0
-    return sum(len(c.encoded_text.tokens) // 4 for d in message.data for c in d.model_input)
-
-
 def _usage_rows(db: Session, who: Principal, start: datetime, end: datetime) -> Iterator[Any]:
     query = (select(F.c.request_type, F.c.request, F.c.request_body, F.c.result, F.c.completed_at,
                     _SESSION.label("session_id"), M.c.base_model, _OWNER.label("owner"))
@@ -92,7 +78,7 @@ def usage_events(db: Session, who: Principal, start: datetime, end: datetime,
     for row in _usage_rows(db, who, start, end):
         key = (_bucket(row.completed_at), row.session_id, row.base_model or sampler_base_model, row.owner)
         if row.request_type in TRAINING:
-            totals[(key[0], "training", None, *key[1:])] += training_tokens(row.request_body, row.request or {})
+            totals[(key[0], "training", None, *key[1:])] += input_tokens(row.request_body, row.request or {})
             continue
         result = row.result or {}
         prompt = len((row.request or {}).get("prompt_tokens") or [])

@@ -9,8 +9,6 @@ session's requests changed since it was built (their count, and the newest store
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import threading
 import time
@@ -20,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from skyrl_tx.api.trace.build import BuiltTrace
+from skyrl_tx.api.url_signing import sign, sign_matches
 
 log = logging.getLogger("skyrl_tx.api")
 
@@ -84,11 +83,14 @@ class TraceJobs:
         return job.trace if job is not None and job.build_id == build_id and job.status == "ready" else None
 
 
+def _message(session_id: str, build_id: str, expires: int, key_id: str) -> str:
+    return f"trace-export/{session_id}/{build_id}/{expires}/{key_id}"  # never a checkpoint URL's shape
+
+
 def signature(secret: bytes, session_id: str, build_id: str, expires: int, key_id: str) -> str:
-    """As checkpoint URLs (api/url_signing.py), under a message of its own: a trace URL is never a checkpoint's."""
-    message = f"trace-export/{session_id}/{build_id}/{expires}/{key_id}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+    """Signed as checkpoint URLs are (api/url_signing.py), under a message of its own."""
+    return sign(secret, _message(session_id, build_id, expires, key_id))
 
 
 def signature_matches(secret: bytes, session_id: str, build_id: str, expires: int, key_id: str, sig: str) -> bool:
-    return sig.isascii() and hmac.compare_digest(signature(secret, session_id, build_id, expires, key_id), sig)
+    return sign_matches(secret, _message(session_id, build_id, expires, key_id), sig)
