@@ -21,9 +21,12 @@ GiB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 # What a process holds before any tensor: the interpreter, torch and the other libraries (CPU); the CUDA context,
 # cuBLAS workspaces and the caching allocator's slack (GPU).
-# (CPU: an engine process holds 0.51-0.52 GiB besides its tensors, measured with /proc/PID/status: the tiny preset
-# at load, and the published widths of tests/plan/test_real_shapes.py (VmRSS after load less weights and factors).)
-RUNTIME_BYTES = {"cpu": int(0.55 * GiB), "cuda": int(1.0 * GiB)}
+# (CPU: an engine process holds 0.51-0.52 GiB besides its tensors on the build machine, measured with
+# /proc/PID/status: the tiny preset at load, and the published widths of tests/plan/test_real_shapes.py (VmRSS after
+# load less weights and factors). The same test's engine peaks were 0.085 GiB higher on a CI machine (Qwen3-0.6B
+# 1.250 GiB against 1.164 here, Llama-3.1-8B 5.345 against 5.258): more of libtorch's code and the allocator's
+# arenas resident, which depends on the CPU. 0.62 GiB covers both, so the plan never promises less than a run uses.)
+RUNTIME_BYTES = {"cpu": int(0.62 * GiB), "cuda": int(1.0 * GiB)}
 # Lines that are never live at once: a training step's activations, and (where the weights live in host memory) the
 # checkpoint's tensors that loading holds while the model copies them. The peak adds the larger of the two.
 TRANSIENT = ("activations", "loading")
