@@ -1,6 +1,11 @@
-"""The CPU backend keeps freed heap memory for the next step (csrc/common/host_memory.cpp): a training step whose
-activations exceed glibc's default 128 KiB mmap threshold faults far fewer fresh pages in than with the policy off
-(SKYRL_TX_HOST_MALLOC_TUNING=0). Each side runs in its own process: the policy is process-wide."""
+"""The CPU backend keeps freed heap memory for the next step (csrc/common/host_memory.cpp): a block between glibc's
+default 128 KiB mmap threshold and 32 MiB comes from the heap, not from a fresh mmap that a free hands back to the
+kernel, and freeing it does not trim the heap; with the policy off (SKYRL_TX_HOST_MALLOC_TUNING=0), glibc's defaults
+mmap it. Each side runs in its own process: the policy is process-wide.
+
+Why not count page faults per training step: with glibc's defaults they vary 0-25,000 per step between runs of the
+same tiny workload (which freed blocks raise glibc's dynamic threshold depends on the order of frees), so a fault
+count compares two samples of noise; where a block is placed is decided by the thresholds alone."""
 
 from __future__ import annotations
 
@@ -10,40 +15,46 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TIMEOUT_S = 180
 
-# Four warm-up steps (glibc's dynamic threshold settles), then the minor page faults of four more.
+# A 16 MiB block right after the backend is made (the policy is applied there), and whether the [heap] mapping holds
+# it before and after it is freed.
 SCRIPT = """
-import json, resource, sys, torch
+import json, sys, torch
 from skyrl_tx.backend.native import NativeBackend
 from skyrl_tx.config import BackendSettings
-from skyrl_tx.types import Datum, TrainRequest
-torch.set_num_threads(1)
+
+def in_heap(address):
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith("[heap]"):
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            if low <= address < high:
+                return True
+    return False
+
 backend = NativeBackend(sys.argv[1], BackendSettings(max_lora_adapters=1, max_lora_rank=4))
-backend.create_model("m", lora_rank=4)
-gen = torch.Generator().manual_seed(0)
-vocab = backend.decoder_config.vocab_size
-rows = [torch.randint(0, vocab, (513,), generator=gen) for _ in range(8)]
-request = TrainRequest("m", [Datum(r[:-1], {"target_tokens": r[1:], "weights": torch.ones(512)}) for r in rows])
-for _ in range(4):
-    backend.forward_backward([request])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(4):
-    backend.forward_backward([request])
-print(json.dumps({"faults_per_step": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4}))
+block = torch.empty(4 << 20)  # [4Mi] float32: 16 MiB
+address = block.data_ptr()
+placed = in_heap(address)
+del block
+print(json.dumps({"placed_in_heap": placed, "kept_after_free": in_heap(address)}))
 """
 
 
-def _faults_per_step(path: Path, tuning: str) -> float:
+def _placement(path: Path, tuning: str) -> dict[str, bool]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SKYRL_TX_HOST_MALLOC_TUNING": tuning}
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])["faults_per_step"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_cpu_steps_reuse_freed_pages(tiny_model_dir) -> None:
-    path = tiny_model_dir("tiny-qwen3")
-    on, off = _faults_per_step(path, "1"), _faults_per_step(path, "0")
-    assert off > 1000, f"the workload must fault pages in with glibc's defaults (off: {off:.0f} per step)"
-    assert on < off / 4, f"kept freed memory: {on:.0f} faults per step, against {off:.0f} without"
+@pytest.mark.parametrize("tuning", ["1", "0"])
+def test_cpu_blocks_stay_in_the_heap_only_with_the_policy(tiny_model_dir, tuning: str) -> None:
+    placement = _placement(tiny_model_dir("tiny-qwen3"), tuning)
+    if tuning == "1":
+        assert placement == {"placed_in_heap": True, "kept_after_free": True}, placement
+    else:  # glibc's defaults: mmapped, unmapped at free (the test would pass without the policy otherwise)
+        assert placement == {"placed_in_heap": False, "kept_after_free": False}, placement
