@@ -110,8 +110,9 @@ echo "CUDA path compiled: $WITH_CUDA"
 
 if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
   # The wheel users install: packaged from build/py (no recompile) before ctest reads build/py, then installed into a
-  # fresh venv without a compiler, serving the quickstart from outside the checkout (~2 min, mostly torch's download
-  # and unpacking; the venv is removed after), in the background while ctest and the CPU-only build compile and run.
+  # fresh venv without a compiler, serving the quickstart from outside the checkout (~2-4 min, mostly torch's download
+  # and unpacking; the venv is removed after), in the background while ctest, the CPU-only build and pytest run; it
+  # is joined after pytest (before, the run waited ~2 min for it once ctest and the CPU-only build got short).
   # Not niced: its server's start-up has a time limit, and the compiles would leave it almost no CPU.
   step "wheel (dist/): package from build/py"
   PY="$PY" tests/support/wheel_check.sh --build
@@ -150,7 +151,6 @@ NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict -f "$ROOT/mkdocs.yml" -d "$
 rm -rf "$DOCS_SITE"
 
 [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
-[ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
 
 step "pytest"
 # One intra-op thread per process: the API tests run a server process beside the test process, and
@@ -167,4 +167,5 @@ WORKERS=${SKYRL_TX_PYTEST_WORKERS:-2}
 OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
   "$PY" -X faulthandler -m pytest -q --durations=15 -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" \
   || { rc=$?; echo "pytest failed (exit $rc); free disk now:"; disk; exit $rc; }
+[ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
 step "all tests passed"
