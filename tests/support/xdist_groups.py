@@ -9,7 +9,9 @@ collection order, so a 5-minute module collected last runs alone while the other
 queue for the heavy ones: the real-shape checkpoints (an engine of up to 12 GiB beside transformers' copy of the
 model) and a real vLLM must not run beside each other on CI's 24 GiB.
 
-Without workers (plain `pytest`), nothing changes: no marks, the collection order as written.
+tests/run_all.sh runs tests/plan/test_real_shapes.py alone before the workers start: its peak-memory check reads
+the engine's resident pages, which the other worker's memory pressure lowers. Without workers (plain `pytest`),
+nothing here changes anything: no marks, the collection order as written.
 """
 
 from __future__ import annotations
