@@ -23,6 +23,7 @@ from tinker.types import (
     SampledProvenanceSpan,
 )
 
+from decoded_datums import plain
 from skyrl_tx.wire import codec
 from skyrl_tx.wire.codec import decode_forward_backward_request
 
@@ -54,19 +55,6 @@ def expected_datum(datum: Datum) -> dict[str, Any]:
         dense = td.to_numpy()
         inputs[name] = {"dtype": td.dtype, "shape": list(dense.shape), "values": dense.ravel().tolist()}
     return {"input_tokens": datum.model_input.to_ints(), "loss_fn_inputs": inputs}
-
-
-def plain(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decoded datums with their numpy arrays as lists, after checking the arrays' dtypes."""
-    out = []
-    for d in data:
-        assert d["input_tokens"].dtype == np.int32
-        inputs = {}
-        for name, t in d["loss_fn_inputs"].items():
-            assert t["values"].dtype == {"float32": np.float32, "int64": np.int64}[t["dtype"]] and t["values"].ndim == 1
-            inputs[name] = {**t, "values": t["values"].tolist()}
-        out.append({"input_tokens": d["input_tokens"].tolist(), "loss_fn_inputs": inputs})
-    return out
 
 
 def make_datums() -> list[Datum]:

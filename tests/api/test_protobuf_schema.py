@@ -14,6 +14,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from tinker.proto import response_conv
 from tinker.proto import tinker_public_pb2 as public_pb
 
+from decoded_datums import plain
 from skyrl_tx.wire import tinker_wire_pb2 as our_pb
 from skyrl_tx.wire.codec import (
     decode_forward_backward_request,
@@ -22,19 +23,6 @@ from skyrl_tx.wire.codec import (
 )
 
 F32 = public_pb.DTYPE_FLOAT32
-
-
-def plain(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decoded datums with their numpy arrays as lists, after checking the arrays' dtypes."""
-    out = []
-    for d in data:
-        assert d["input_tokens"].dtype == np.int32
-        inputs = {}
-        for name, t in d["loss_fn_inputs"].items():
-            assert t["values"].dtype == {"float32": np.float32, "int64": np.int64}[t["dtype"]] and t["values"].ndim == 1
-            inputs[name] = {**t, "values": t["values"].tolist()}
-        out.append({"input_tokens": d["input_tokens"].tolist(), "loss_fn_inputs": inputs})
-    return out
 
 
 def _descriptor_bytes(module: Any, package: str) -> bytes:
