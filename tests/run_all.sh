@@ -152,14 +152,12 @@ rm -rf "$DOCS_SITE"
 
 [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
 
-step "pytest"
 # One intra-op thread per process: the API tests run a server process beside the test process, and
 # OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
 # -X faulthandler keeps the Python stacks dump on after pytest's own handler is gone: a crash at interpreter exit
 # (after the last test) then shows which thread was where.
 # Each test has a time limit (pyproject.toml, pytest-timeout); the whole run has one too, below CI's own 90 minutes, so
 # a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
-disk
 # Two workers (pytest-xdist; SKYRL_TX_PYTEST_WORKERS=0 runs in this process): the tests mostly wait on their servers,
 # so a second worker fills the idle core (tests/engine + cli + checkpoints: 74 s -> 36 s here). Each module runs on
 # one worker (its module-scoped server starts once), slow and memory-heavy modules first: tests/support/xdist_groups.py.
@@ -174,10 +172,14 @@ pytest_run() {  # pytest_run ARGS...: one bounded pytest invocation; a failure e
     || { rc=$?; echo "pytest failed (exit $rc); free disk now:"; disk; exit $rc; }
 }
 if [ $# -eq 0 ]; then
+  step "pytest (alone: ${ALONE[*]})"
+  disk
   pytest_run "${ALONE[@]}"
   step "pytest (the rest, $WORKERS workers)"
   pytest_run -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "${ALONE[@]/#/--ignore=}"
 else  # the caller chose the tests
+  step "pytest"
+  disk
   pytest_run -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"
 fi
 [ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
