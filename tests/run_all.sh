@@ -166,10 +166,11 @@ rm -rf "$DOCS_SITE"
 # pressure evicts those pages early: DeepSeek-V3's peak read 10.18 GiB beside it against 12.19 GiB alone.
 ALONE=(tests/plan/test_real_shapes.py)
 WORKERS=${SKYRL_TX_PYTEST_WORKERS:-2}
-pytest_run() {  # pytest_run ARGS...: one bounded pytest invocation; a failure ends the run with its exit status
+PYTEST_RC=0  # the first failed invocation's exit status: the run goes on to the rest, so one report lists every failure
+pytest_run() {  # pytest_run ARGS...: one bounded pytest invocation
   OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
-    "$PY" -X faulthandler -m pytest -q --durations=15 "$@" \
-    || { rc=$?; echo "pytest failed (exit $rc); free disk now:"; disk; exit $rc; }
+    "$PY" -X faulthandler -m pytest -q --durations="${SKYRL_TX_PYTEST_DURATIONS:-15}" "$@" \
+    || { rc=$?; echo "pytest failed (exit $rc); free disk now:"; disk; [ "$PYTEST_RC" != 0 ] || PYTEST_RC=$rc; }
 }
 if [ $# -eq 0 ]; then
   step "pytest (alone: ${ALONE[*]})"
@@ -183,4 +184,5 @@ else  # the caller chose the tests
   pytest_run -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"
 fi
 [ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
+[ "$PYTEST_RC" = 0 ] || { echo "pytest failed (exit $PYTEST_RC): the failures are above"; exit "$PYTEST_RC"; }
 step "all tests passed"
