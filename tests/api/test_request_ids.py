@@ -156,3 +156,36 @@ def test_a_failing_request_is_logged_as_a_500_with_its_id(caplog: pytest.LogCapt
     access = [r.getMessage() for r in caplog.records if r.name == "skyrl_tx.access"]
     assert any(m.startswith("GET /boom 500 ") and "request_id=req-boom" in m for m in access), access
     assert app.state.seen[-1][:2] == ("/boom", 500)
+
+
+def test_a_finished_futures_answer_is_stamped_before_its_last_bytes_go_out() -> None:
+    """The trace's "answered" moment precedes the client's receipt: stamped when the last body message is handed to
+    the server, not after that send returns (a client read its answer 63 µs before the old stamp, and a span ended
+    after the SDK's own end of the run)."""
+    from skyrl_tx.api.trace.ring import RequestTimings
+
+    async def app(scope, receive, send) -> None:  # a retrieve_future answering a finished future
+        scope["state"]["answered_future"] = "f-1"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{", "more_body": True})
+        await send({"type": "http.response.body", "body": b"}"})
+
+    ring = RequestTimings()
+    stamped_when_sent: list[tuple[bool, float | None]] = []
+
+    async def server_send(message) -> None:  # what the client gets, as the server writes it
+        stamped_when_sent.append((message.get("more_body", False), ring.get("f-1").answered))
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    class App:  # ring_of(scope["app"]) finds the ring on app.state
+        state = type("State", (), {"request_timings": ring})()
+
+    scope = {"type": "http", "method": "POST", "path": "/api/v1/retrieve_future", "headers": [], "state": {},
+             "app": App()}
+    before = time.time()
+    asyncio.run(RequestContext(app)(scope, receive, server_send))
+    assert [more for more, _ in stamped_when_sent] == [False, True, False]  # start, two body parts
+    assert stamped_when_sent[1][1] is None  # not before the last part
+    assert stamped_when_sent[2][1] is not None and stamped_when_sent[2][1] >= before  # stamped as it goes out

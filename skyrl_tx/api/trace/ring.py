@@ -85,7 +85,8 @@ def record_submitted(app: Any, state: dict[str, Any], future_id: str) -> None:
 
 
 def record_answered(scope: dict[str, Any]) -> None:
-    """When the response is sent: where a retrieve_future answered with a finished future, that future's answer."""
+    """When the response's last bytes go to the server (RequestContext, before they are sent): where a
+    retrieve_future answered with a finished future, that future's answer."""
     state = scope.get("state")
     future_id = state.get("answered_future") if state else None
     if future_id is not None:
