@@ -11,12 +11,12 @@ import torch
 # The process ends with pytest's exit status once the summary is printed, before interpreter finalization (which the
 # SDK transport's threads can abort): tests/support/exit_status.py says why.
 from exit_status import pytest_sessionfinish  # noqa: F401  (a hook: pytest finds it in this module)
-import xdist_groups
+import xdist_order
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # With workers (pytest-xdist, as tests/run_all.sh runs): a module per worker, slow modules first (xdist_groups.py).
-    config.pluginmanager.register(xdist_groups, "skyrl_tx_xdist_groups")
+    # With workers (pytest-xdist, as tests/run_all.sh runs): slow modules first (xdist_order.py).
+    config.pluginmanager.register(xdist_order, "skyrl_tx_xdist_order")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -95,8 +95,10 @@ if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
   bg_start vllm "vLLM for tests/external" nice -n 10 env PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
 fi
 
-step "build + install skyrl_tx (editable, GoogleTests on)"
-"$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py \
+# The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executables configured here build
+# in the background beside pytest (tests/support/cxx_checks.sh, below).
+step "build + install skyrl_tx (editable, the module)"
+"$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py -Cbuild.targets=_C \
   -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON
 # tinker-cookbook without its dependencies: it pins tml-renderers>=0.4.1, which PyPI does not have; what
 # the recipes import comes with the `test` extra (see pyproject.toml).
@@ -109,38 +111,19 @@ WITH_CUDA=$("$PY" -c "from skyrl_tx import _build_info as b; print(int(b.WITH_CU
 echo "CUDA path compiled: $WITH_CUDA"
 
 if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
-  # The wheel users install: packaged from build/py (no recompile) before ctest reads build/py, then installed into a
-  # fresh venv without a compiler, serving the quickstart from outside the checkout (~2-4 min, mostly torch's download
-  # and unpacking; the venv is removed after), in the background while ctest, the CPU-only build and pytest run; it
-  # is joined after pytest (before, the run waited ~2 min for it once ctest and the CPU-only build got short).
-  # Not niced: its server's start-up has a time limit, and the compiles would leave it almost no CPU.
+  # The wheel users install: packaged from build/py (no recompile) before the C++ checks build there, then installed
+  # into a fresh venv without a compiler, serving the quickstart from outside the checkout (~2-4 min, mostly torch's
+  # download and unpacking; the venv is removed after), in the background while the C++ checks and pytest run; it is
+  # joined after pytest. Not niced: its server's start-up has a time limit.
   step "wheel (dist/): package from build/py"
   PY="$PY" tests/support/wheel_check.sh --build
   bg_start wheel "wheel (dist/): fresh venv, quickstart" env PY="$PY" tests/support/wheel_check.sh --check
 fi
 
-step "ctest (build/py)"
-ctest --test-dir build/py --output-on-failure -L cpu -j "$JOBS"
-
-if [ "$WITH_CUDA" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
-  # The main build took the CUDA path (its tests run on the CPU); prove the CPU-only configuration of
-  # the core and the module compiles too. Its GoogleTests would repeat the same CPU code paths. Only the sources that
-  # test SKYRL_TX_WITH_CUDA compile differently without it, so only they are compiled (~1 min instead of ~4.5 min on 2
-  # cores); a header that tests it would change its includers, and then everything is built.
-  step "CPU-only build (build/cpu-only)"
-  cmake -S . -B build/cpu-only -G Ninja -DPython_EXECUTABLE="$PY" -DSKYRL_TX_WITH_CUDA=OFF \
-    -DSKYRL_TX_BUILD_TESTS=OFF -DSKYRL_TX_WERROR=ON >/dev/null
-  if grep -rlq SKYRL_TX_WITH_CUDA csrc --include='*.h' --include='*.hpp' --include='*.cuh'; then
-    cmake --build build/cpu-only --target _C
-  else
-    mapfile -t guarded < <(grep -rl SKYRL_TX_WITH_CUDA csrc --include='*.cpp' | sed 's|^csrc/||')
-    mapfile -t objects < <(ninja -C build/cpu-only -t targets all | cut -d: -f1 \
-      | grep -F -f <(printf '/%s.o\n' "${guarded[@]}"))
-    echo "compiling the ${#objects[@]} object(s) of the sources that test SKYRL_TX_WITH_CUDA: ${guarded[*]}"
-    [ "${#objects[@]}" -ge "${#guarded[@]}" ] || { echo "not every guarded source has an object target"; exit 1; }
-    ninja -C build/cpu-only "${objects[@]}"
-  fi
-fi
+# GoogleTest (build, ctest) and the CPU-only build, niced, beside mkdocs and pytest: the real-shape phase leaves a core
+# mostly idle, and pytest's workers take the CPU first. Joined after pytest; a failure fails the run there.
+bg_start cxx "C++: GoogleTests (build, ctest), CPU-only build" \
+  nice -n 10 env PY="$PY" WITH_CUDA="$WITH_CUDA" JOBS="$JOBS" tests/support/cxx_checks.sh
 
 step "docs (mkdocs build --strict)"
 # The docs site (mkdocs.yml, docs/): a broken link or anchor, or a page missing from the nav, fails the run. The
@@ -160,7 +143,7 @@ rm -rf "$DOCS_SITE"
 # a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
 # Two workers (pytest-xdist; SKYRL_TX_PYTEST_WORKERS=0 runs in this process): the tests mostly wait on their servers,
 # so a second worker fills the idle core (tests/engine + cli + checkpoints: 74 s -> 36 s here). Each module runs on
-# one worker (its module-scoped server starts once), slow and memory-heavy modules first: tests/support/xdist_groups.py.
+# one worker (--dist loadfile: its module-scoped server starts once), slow modules first: tests/support/xdist_order.py.
 # Modules that run alone first, in this process: tests/plan/test_real_shapes.py holds the engine's peak resident
 # memory (VmHWM, which counts the checkpoint's mmapped pages) to the memory plan, and the other worker's memory
 # pressure evicts those pages early: DeepSeek-V3's peak read 10.18 GiB beside it against 12.19 GiB alone.
@@ -177,12 +160,13 @@ if [ $# -eq 0 ]; then
   disk
   pytest_run "${ALONE[@]}"
   step "pytest (the rest, $WORKERS workers)"
-  pytest_run -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "${ALONE[@]/#/--ignore=}"
+  pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "${ALONE[@]/#/--ignore=}"
 else  # the caller chose the tests
   step "pytest"
   disk
-  pytest_run -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"
+  pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 fi
+bg_join cxx
 [ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
 [ "$PYTEST_RC" = 0 ] || { echo "pytest failed (exit $PYTEST_RC): the failures are above"; exit "$PYTEST_RC"; }
 step "all tests passed"

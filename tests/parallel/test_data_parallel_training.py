@@ -115,18 +115,24 @@ def _run_ranks(model_dir: str, world: int) -> dict[int, Any]:
     return results
 
 
+@pytest.fixture(scope="module")
+def one_process(tiny_model_dir) -> dict[str, Any]:
+    """The reference every world size is held to: the same steps in one process (computed once for the module)."""
+    single = _run_ranks(str(tiny_model_dir("tiny-qwen3")), 1)[0]
+    assert isinstance(single, dict), single
+    return single
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_data_parallel_equals_one_process(tiny_model_dir, world: int) -> None:
+def test_data_parallel_equals_one_process(tiny_model_dir, one_process, world: int) -> None:
     import torch
     from train_reference import assert_dicts_close
 
     def tensors(d: dict) -> dict:
         return {k: torch.from_numpy(v) for k, v in d.items()}
 
-    model_dir = str(tiny_model_dir("tiny-qwen3"))
-    single = _run_ranks(model_dir, 1)[0]
-    assert isinstance(single, dict), single
-    ranks = _run_ranks(model_dir, world)
+    single = one_process
+    ranks = _run_ranks(str(tiny_model_dir("tiny-qwen3")), world)
     for rank, got in ranks.items():
         assert isinstance(got, dict), f"rank {rank}:\n{got}"
         for step, (ours, ref) in enumerate(zip(got["steps"], single["steps"])):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from split_parity import assert_same_as_one_process, run_split_ranks
+from split_parity import assert_same_as_one_process, one_process_reference, run_split_ranks
 
 
 @pytest.mark.parametrize(("preset", "experts"), [("tiny-qwen3-moe", "dp"), ("tiny-qwen3-moe", "dp-checkpointed"),
@@ -19,8 +19,7 @@ def test_experts_over_data_parallel_ranks_equal_one_process(tiny_model_dir, pres
     """-checkpointed: activation checkpointing, so every layer's forward (and its exchanges) runs again in backward;
     -grouped: each rank's experts run as grouped GEMMs (the one process runs them one by one)."""
     model_dir = str(tiny_model_dir(preset))
-    single = run_split_ranks(model_dir, 1, 1)[0]
-    assert isinstance(single, dict), single
+    single = one_process_reference(model_dir)
     ranks = run_split_ranks(model_dir, 2, 1, checkpoint=single["initial"]["b"], experts=experts)
     for rank, got in ranks.items():
         assert isinstance(got, dict), f"rank {rank}:\n{got}"

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from rank_reports import spawn_ranks
-from split_parity import TIMEOUT_S, assert_same_as_one_process, numpy_dict, run_split_ranks, split_backend
+from split_parity import (TIMEOUT_S, assert_same_as_one_process, numpy_dict, one_process_reference,
+                           run_split_ranks, split_backend)
 
 
 def _odd_vocabulary_copy(source, dest):
@@ -47,8 +48,7 @@ def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: st
         model_dir = str(_odd_vocabulary_copy(tiny_model_dir("tiny-qwen3"), tmp_path / "tiny-qwen3-odd-vocabulary"))
     else:
         model_dir = str(tiny_model_dir(preset.removesuffix("-grouped").removesuffix("-ep2")))
-    single = run_split_ranks(model_dir, 1, 1)[0]
-    assert isinstance(single, dict), single
+    single = one_process_reference(model_dir)
     ranks = run_split_ranks(model_dir, 2, 2, checkpoint=single["initial"]["b"],
                             experts="tp" + preset.partition("-ep2")[2] if "-ep2" in preset else "")
     for rank, got in ranks.items():
@@ -62,8 +62,7 @@ def test_tensor_parallel_equals_one_process(tiny_model_dir, tmp_path, preset: st
 def test_data_parallel_by_tensor_parallel_equals_one_process(tiny_model_dir) -> None:
     """DP=2 x TP=2: rows split between two replicas of two ranks each."""
     model_dir = str(tiny_model_dir("tiny-qwen3"))
-    single = run_split_ranks(model_dir, 1, 1)[0]
-    assert isinstance(single, dict), single
+    single = one_process_reference(model_dir)
     ranks = run_split_ranks(model_dir, 4, 2)
     for rank, got in ranks.items():
         assert isinstance(got, dict), f"rank {rank}:\n{got}"

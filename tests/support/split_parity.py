@@ -150,6 +150,20 @@ def run_split_ranks(model_dir: str, world: int, tp: int, checkpoint: dict | None
                        TIMEOUT_S, f"tensor parallel world {world} tp {tp}")
 
 
+_ONE_PROCESS: dict[str, Any] = {}  # model_dir -> its one-process run, per pytest process (xdist worker)
+
+
+def one_process_reference(model_dir: str) -> dict:
+    """`run_split_ranks(model_dir, 1, 1)`, run once per model directory and process: the tensor- and expert-parallel
+    tests hold several layouts of one preset to the same one-process run (tiny-qwen3-moe's five layouts ran it five
+    times). Callers read it and never change it."""
+    if model_dir not in _ONE_PROCESS:
+        single = run_split_ranks(model_dir, 1, 1)[0]
+        assert isinstance(single, dict), single
+        _ONE_PROCESS[model_dir] = single
+    return _ONE_PROCESS[model_dir]
+
+
 def assert_same_as_one_process(got: dict, single: dict, what: str) -> None:
     import torch
     from train_reference import assert_dicts_close

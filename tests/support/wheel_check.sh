@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
-BUILD_ARGS=(${SKYRL_TX_WHEEL_BUILD_ARGS:--Cbuild-dir=build/py -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON})
+# The module only (the GoogleTests configured in build/py are not the wheel's, and tests/run_all.sh builds them later)
+BUILD_ARGS=(${SKYRL_TX_WHEEL_BUILD_ARGS:--Cbuild-dir=build/py -Cbuild.targets=_C -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON})
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/skyrl_tx_wheel.XXXXXX")
 SERVER_PID=""
 cleanup() {  # never fails: the script's own status is the verdict
@@ -21,7 +22,7 @@ cleanup() {  # never fails: the script's own status is the verdict
 trap cleanup EXIT
 
 # --build: only package dist/ (it runs the build in build/py, so nothing else may use build/py meanwhile); --check:
-# only install and serve the wheel already in dist/ (network- and disk-bound: tests/run_all.sh runs it beside ctest).
+# only install and serve the wheel already in dist/ (network- and disk-bound: tests/run_all.sh runs it beside pytest).
 MODE=${1:-all}
 case "$MODE" in all|--build|--check) ;; *) echo "usage: $0 [--build|--check]" >&2; exit 2 ;; esac
 if [ "$MODE" != --check ]; then
@@ -39,7 +40,7 @@ cd "$WORK"  # nothing of the checkout on sys.path: the installed wheel serves
 SKYRL_TX_DATA_DIR="$WORK/data" SKYRL_TX_CACHE_DIR="$WORK/data/cache" OMP_NUM_THREADS=1 \
   "$WORK/venv/bin/python" -m skyrl_tx.api --base-model tiny-qwen3 --port "$PORT" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
-# Up to 10 minutes: under tests/run_all.sh it starts beside ctest and the CPU-only build, which take both cores.
+# Up to 10 minutes: under tests/run_all.sh it starts beside the C++ checks and pytest, which take both cores.
 for _ in $(seq 600); do
   grep -q "engine ready" "$WORK/server.log" && break
   kill -0 "$SERVER_PID" 2>/dev/null || { tail -40 "$WORK/server.log"; exit 1; }
