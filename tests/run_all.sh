@@ -133,8 +133,6 @@ DOCS_SITE=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict -f "$ROOT/mkdocs.yml" -d "$DOCS_SITE"
 rm -rf "$DOCS_SITE"
 
-[ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
-
 # One intra-op thread per process: the API tests run a server process beside the test process, and
 # OpenMP threads oversubscribing 2 cores make tiny-model steps 10-50x slower than single-threaded ones.
 # -X faulthandler keeps the Python stacks dump on after pytest's own handler is gone: a crash at interpreter exit
@@ -159,9 +157,13 @@ if [ $# -eq 0 ]; then
   step "pytest (alone: ${ALONE[*]})"
   disk
   pytest_run "${ALONE[@]}"
+  # vLLM (tests/external) is joined only now: the real-shape phase does not use it, and on a machine without the
+  # cached venv its install (~4 min) outlasts the module's build
+  [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
   step "pytest (the rest, $WORKERS workers)"
   pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "${ALONE[@]/#/--ignore=}"
 else  # the caller chose the tests
+  [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
   step "pytest"
   disk
   pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
