@@ -120,8 +120,8 @@ if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
   bg_start wheel "wheel (dist/): fresh venv, quickstart" env PY="$PY" tests/support/wheel_check.sh --check
 fi
 
-# GoogleTest (build, ctest) and the CPU-only build, niced, beside mkdocs and pytest: the real-shape phase leaves a core
-# mostly idle, and pytest's workers take the CPU first. Joined after pytest; a failure fails the run there.
+# GoogleTest (build, ctest) and the CPU-only build, niced, beside mkdocs and pytest (which take the CPU first): pytest
+# starts without waiting for them (tests/support/cxx_checks.sh says why). Joined after pytest; a failure fails the run.
 bg_start cxx "C++: GoogleTests (build, ctest), CPU-only build" \
   nice -n 10 env PY="$PY" WITH_CUDA="$WITH_CUDA" JOBS="$JOBS" tests/support/cxx_checks.sh
 
