@@ -93,18 +93,16 @@ class RequestContext:
         header = (HEADER, request_id.encode("ascii"))
         status: int | None = None  # until the response starts
 
-        answered = False
-
         async def send_with_id(message: Message) -> None:
-            nonlocal status, answered
+            nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message["headers"] = [*message.get("headers", ()), header]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 # Before the last bytes go out, not after: a client can read its answer before this coroutine
-                # resumes, and a trace span must not end after the client saw the answer (measured: 63 µs after)
+                # resumes, and a trace span must not end after the client saw the answer (measured: 63 µs after).
+                # The ring keeps the first stamp: _done's own stamp counts only where no last part was sent.
                 record_answered(scope)
-                answered = True
             await send(message)
 
         token = REQUEST_ID.set(request_id)
@@ -113,16 +111,15 @@ class RequestContext:
         except BaseException:
             REQUEST_ID.reset(token)
             # not started: the outer error handler answers 500
-            self._done(scope, request_id, 500 if status is None else status, started, answered)
+            self._done(scope, request_id, 500 if status is None else status, started)
             REQUEST_ID.set(request_id)  # the outer error handler's log line is about this request too
             raise
         REQUEST_ID.reset(token)
-        self._done(scope, request_id, 500 if status is None else status, started, answered)
+        self._done(scope, request_id, 500 if status is None else status, started)
 
-    def _done(self, scope: Scope, request_id: str, status: int, started: float, answered: bool = False) -> None:
+    def _done(self, scope: Scope, request_id: str, status: int, started: float) -> None:
         seconds = time.perf_counter() - started
-        if not answered:  # a retrieve_future that answered a finished future (api/trace/ring.py)
-            record_answered(scope)
+        record_answered(scope)  # a retrieve_future that answered a finished future (api/trace/ring.py)
         key = key_label(scope)
         if self.observe is not None:
             self.observe(scope["method"], route_label(scope), status, seconds, key)
