@@ -11,12 +11,15 @@ import torch
 # The process ends with pytest's exit status once the summary is printed, before interpreter finalization (which the
 # SDK transport's threads can abort): tests/support/exit_status.py says why.
 from exit_status import pytest_sessionfinish  # noqa: F401  (a hook: pytest finds it in this module)
+import cpu_report
 import xdist_order
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # With workers (pytest-xdist, as tests/run_all.sh runs): slow modules first (xdist_order.py).
     config.pluginmanager.register(xdist_order, "skyrl_tx_xdist_order")
+    # With $SKYRL_TX_PYTEST_CPU_REPORT: the CPU each module cost, printed at the end (cpu_report.py).
+    config.pluginmanager.register(cpu_report, "skyrl_tx_cpu_report")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

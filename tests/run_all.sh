@@ -147,6 +147,9 @@ rm -rf "$DOCS_SITE"
 # pressure evicts those pages early: DeepSeek-V3's peak read 10.18 GiB beside it against 12.19 GiB alone.
 ALONE=(tests/plan/test_real_shapes.py)
 WORKERS=${SKYRL_TX_PYTEST_WORKERS:-2}
+# Every pytest invocation ends with a table of the CPU each module cost (tests/support/cpu_report.py): on 2 busy cores
+# that, not a test's wall time, is what a module takes from the run.
+export SKYRL_TX_PYTEST_CPU_REPORT=${SKYRL_TX_PYTEST_CPU_REPORT:-$BG_DIR/cpu}
 PYTEST_RC=0  # the first failed invocation's exit status: the run goes on to the rest, so one report lists every failure
 pytest_run() {  # pytest_run ARGS...: one bounded pytest invocation
   OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
