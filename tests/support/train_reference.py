@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+# peft and transformers (hf_reference) are imported where a reference model is built, not here: spawned ranks import
+# this module for its datums and logprobs, and peft's import (transformers, torch._dynamo) cost each ~4.5 CPU-s.
+
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from hf_reference import ALL_LINEAR, load_hf_model
-from peft import LoraConfig, get_peft_model
 
 from skyrl_tx.types import AdamParams, Datum, TrainRequest, TrainResult
 
@@ -221,8 +222,13 @@ def create_lora_with_nonzero_b(backend, model_id: str, *, rank: int, alpha: floa
 
 
 def peft_copy(model_dir: Path, state: dict[str, torch.Tensor], *, rank: int, alpha: float,
-              modules: list[str] = ALL_LINEAR) -> torch.nn.Module:
-    """A PEFT model (float32) whose LoRA factors are exactly `state` (our trainable_state); names must match."""
+              modules: list[str] | None = None) -> torch.nn.Module:
+    """A PEFT model (float32) whose LoRA factors are exactly `state` (our trainable_state); names must match.
+    `modules`: PEFT's target_modules (default: every linear layer, hf_reference.ALL_LINEAR)."""
+    from hf_reference import ALL_LINEAR, load_hf_model
+    from peft import LoraConfig, get_peft_model
+
+    modules = ALL_LINEAR if modules is None else modules
     peft_model = get_peft_model(load_hf_model(model_dir), LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
                                                                      target_modules=modules))
     params = peft_lora_parameters(peft_model)
@@ -237,6 +243,8 @@ def peft_copy(model_dir: Path, state: dict[str, torch.Tensor], *, rank: int, alp
 
 def hf_full_model(model_dir: Path) -> torch.nn.Module:
     """A plain HF model with every parameter trainable (full fine-tuning reference)."""
+    from hf_reference import load_hf_model
+
     model = load_hf_model(model_dir)
     for p in model.parameters():
         p.requires_grad_(True)
