@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import traceback
@@ -10,7 +9,7 @@ from typing import Any
 
 import pytest
 from live_server import free_port
-from rank_reports import collect_rank_reports
+from rank_reports import collect_rank_reports, rank_context, rank_process
 
 TIMEOUT_S = 240.0  # spawned ranks import torch: slow on a loaded 2-core box
 
@@ -65,9 +64,9 @@ def _rows_sent(source: int, dest: int) -> int:
 
 
 def _run(world: int, scenario: str = "ok", ranks: list[int] | None = None) -> dict[int, Any]:
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()
     out, port = context.Queue(), free_port()
-    procs = [context.Process(target=_rank_main, args=(r, world, port, scenario, out), daemon=True)
+    procs = [rank_process(context, _rank_main, (r, world, port, scenario, out))
              for r in (range(world) if ranks is None else ranks)]
     for p in procs:
         p.start()

@@ -5,12 +5,12 @@ holding only its ZeRO range of the full fine-tune's gradients and AdamW moments.
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from typing import Any
 
 import pytest
 from live_server import free_port
+from rank_reports import rank_context, rank_process
 
 TIMEOUT_S = 240.0
 MODELS = ("a", "b", "full", "full2")  # two full fine-tunes: their gradients must never mix across ranks
@@ -103,9 +103,9 @@ def _rank_main(model_dir: str, rank: int, world: int, port: int, out: Any) -> No
 
 
 def _run_ranks(model_dir: str, world: int) -> dict[int, Any]:
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()
     out, port = context.Queue(), free_port()
-    procs = [context.Process(target=_rank_main, args=(model_dir, r, world, port, out), daemon=True)
+    procs = [rank_process(context, _rank_main, (model_dir, r, world, port, out))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -5,12 +5,11 @@ version k keeps version-k results while later versions arrive)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from typing import Any
 
 from live_server import free_port
-from rank_reports import collect_rank_reports
+from rank_reports import collect_rank_reports, rank_context, rank_process
 
 TIMEOUT_S = 240.0
 WORLD = 3  # the trainer (rank 0, the root) and two receivers
@@ -107,9 +106,9 @@ def _model_main(model_dir: str, rank: int, port: int, out: Any) -> None:
 
 
 def _run(target: Any, *args: Any) -> dict[int, Any]:
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()
     out, port = context.Queue(), free_port()
-    procs = [context.Process(target=target, args=(*args, r, port, out), daemon=True) for r in range(WORLD)]
+    procs = [rank_process(context, target, (*args, r, port, out)) for r in range(WORLD)]
     for p in procs:
         p.start()
     return collect_rank_reports(procs, out, WORLD, TIMEOUT_S, "weight sync")

@@ -6,7 +6,8 @@ table lists the TOP_MODULES costliest.
 Why CPU and not --durations: on CI's 2 cores both pytest workers keep the CPUs busy, so a test's wall time includes
 the other worker's load, and a module's cost to the run is the CPU it takes from the other. A module-scoped server
 stopped at the module's last test is counted there (its process is reaped then); a process never reaped (an
-orphaned grandchild) is not counted at all.
+orphaned grandchild) is not counted at all, and the ranks tests/support/rank_reports.py forks from its fork server
+are counted only when that server exits, with the test process.
 """
 
 from __future__ import annotations

@@ -141,14 +141,13 @@ def _zero_rank(model_dir: str, rank: int, world: int, port: int, out) -> None:
 
 
 def test_zero_sharded_bf16_full_finetune_follows_the_float32_trajectory(tiny_model_dir, float32_run) -> None:
-    import multiprocessing
-
     from live_server import free_port
+    from rank_reports import rank_context, rank_process
 
     world, model_dir = 2, str(tiny_model_dir("tiny-qwen3"))
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()
     out, port = context.Queue(), free_port()
-    procs = [context.Process(target=_zero_rank, args=(model_dir, r, world, port, out), daemon=True)
+    procs = [rank_process(context, _zero_rank, (model_dir, r, world, port, out))
              for r in range(world)]
     for p in procs:
         p.start()
