@@ -153,16 +153,17 @@ rm -rf "$DOCS_SITE"
 # (after the last test) then shows which thread was where.
 # Each test has a time limit (pyproject.toml, pytest-timeout); the whole run has one too, below CI's own 90 minutes, so
 # a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
-# Three workers on CI's 2 cores (pytest-xdist; SKYRL_TX_PYTEST_WORKERS=0 runs in this process): the tests mostly wait
-# on their servers, so one worker left a core idle (tests/engine + cli + checkpoints: 74 s -> 36 s with two), and a
-# fresh machine's two-worker run still left ~15% of the cores idle (process accounting: 2,120 CPU-s of the workers'
-# process trees in 1,363 s). Each module runs on
+# Two workers (pytest-xdist; SKYRL_TX_PYTEST_WORKERS=0 runs in this process): the tests mostly wait on their servers,
+# so a second worker fills the idle core (tests/engine + cli + checkpoints: 74 s -> 36 s here). Not three: on a fresh
+# machine the workers' process trees took 3,120 CPU-s in 1,749 s with three against 2,120 CPU-s in 1,363 s with two
+# (process accounting, 2026-11-29): what a third worker's tests wait for costs more CPU under contention than the idle
+# ~15% it fills. Each module runs on
 # one worker (--dist loadfile: its module-scoped server starts once), slow modules first: tests/support/xdist_order.py.
 # Modules that run alone first, in this process: tests/plan/test_real_shapes.py holds the engine's peak resident
 # memory (VmHWM, which counts the checkpoint's mmapped pages) to the memory plan, and the other worker's memory
 # pressure evicts those pages early: DeepSeek-V3's peak read 10.18 GiB beside it against 12.19 GiB alone.
 ALONE=(tests/plan/test_real_shapes.py)
-WORKERS=${SKYRL_TX_PYTEST_WORKERS:-3}
+WORKERS=${SKYRL_TX_PYTEST_WORKERS:-2}
 # Every pytest invocation ends with a table of the CPU each module cost (tests/support/cpu_report.py): on 2 busy cores
 # that, not a test's wall time, is what a module takes from the run.
 export SKYRL_TX_PYTEST_CPU_REPORT=${SKYRL_TX_PYTEST_CPU_REPORT:-$BG_DIR/cpu}
