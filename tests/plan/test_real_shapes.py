@@ -139,7 +139,8 @@ def _assert_merged_is_base_plus_adapter(model_dir: Path, adapter: Path, merged: 
     factors = load_file(str(adapter / "adapter_model.safetensors"))
     with ExitStack() as stack:
         def shards(directory: Path) -> dict[str, object]:  # tensor name -> the open shard that holds it
-            handles = [stack.enter_context(safe_open(str(path), "pt")) for path in sorted(directory.glob("*.safetensors"))]
+            paths = sorted(directory.glob("*.safetensors"))
+            handles = [stack.enter_context(safe_open(str(path), "pt")) for path in paths]
             return {name: handle for handle in handles for name in handle.keys()}
 
         base_shards, merged_shards = shards(model_dir), shards(merged)
@@ -153,7 +154,8 @@ def _assert_merged_is_base_plus_adapter(model_dir: Path, adapter: Path, merged: 
             base = base_shards[base_name].get_tensor(base_name)  # [out, in] bf16
             ours = merged_shards[f"{module}.weight"].get_tensor(f"{module}.weight")
             assert ours.shape == base.shape and ours.dtype == base.dtype, (module, ours.shape, ours.dtype)
-            lora_a, lora_b = factors[name].float(), factors[name.replace("lora_A", "lora_B")].float()  # [r, in], [out, r]
+            lora_a = factors[name].float()  # [r, in]
+            lora_b = factors[name.replace("lora_A", "lora_B")].float()  # [out, r]
             for start in range(0, base.shape[0], 4096):  # float32 blocks of rows: an unembedding is 1e9 elements
                 rows = slice(start, start + 4096)
                 expected = base[rows].float().addmm_(lora_b[rows], lora_a, alpha=scaling)  # [<=4096, in] float32

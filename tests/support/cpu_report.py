@@ -72,4 +72,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"{'CPU-s':>8} {'own':>7} {'child':>7} {'wall-s':>7} {'tests':>5}  module")
     ranked = sorted(merged.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
     for module, (own, children, wall, tests) in ranked[:TOP_MODULES]:
-        terminalreporter.write_line(f"{own + children:8.1f} {own:7.1f} {children:7.1f} {wall:7.1f} {tests:5d}  {module}")
+        line = f"{own + children:8.1f} {own:7.1f} {children:7.1f} {wall:7.1f} {tests:5d}  {module}"
+        terminalreporter.write_line(line)

@@ -36,8 +36,8 @@ RANK_PRELOAD = ["torch", "numpy", "skyrl_tx.backend.native", "skyrl_tx.parallel.
 def rank_context() -> Any:
     """The multiprocessing context the tests start ranks in: a fork server (one per test process, started on first
     use) that has imported RANK_PRELOAD, so a rank starts in a fraction of a CPU-second where a spawned one imported
-    torch again (~2.6 CPU-s of a tensor-parallel test's 3.6 per rank on CI's 2 cores). Like spawn's, each rank is a
-    fresh single-threaded process (the server forks before any computation), not a fork of the test process."""
+    torch again (~2.6 CPU-s of a tensor-parallel test's 3.6 per rank on CI's 2 cores). Each rank is a fork of the
+    server, which has only imported modules (no computation, no thread pool started), not of the test process."""
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
@@ -53,14 +53,16 @@ def _with_parent_output(parent: int, target: Any, *args: Any) -> None:
 
     for fd in (1, 2):
         try:
-            os.dup2(os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_APPEND), fd)
+            opened = os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
         except OSError:  # not Linux, or the parent is gone: the fork server's output
-            pass
+            continue
+        os.dup2(opened, fd)
+        os.close(opened)
     target(*args)
 
 
 def rank_process(context: Any, target: Any, args: tuple, **kwargs: Any) -> Any:
-    """context.Process running target(*args) in a rank started by `context` (rank_context()), its output the caller's."""
+    """context.Process running target(*args) in a rank of `context` (rank_context()), writing to the caller's output."""
     import os
 
     return context.Process(target=_with_parent_output, args=(os.getpid(), target, *args), daemon=True, **kwargs)
