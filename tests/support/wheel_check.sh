@@ -32,8 +32,7 @@ WHEEL=$(ls dist/skyrl_tx-*.whl)
 echo "wheel: $WHEEL ($(du -h "$WHEEL" | cut -f1))"
 [ "$MODE" = --build ] && exit 0
 python3 -m venv "$WORK/venv"
-# --no-compile: the quickstart imports a fraction of what pip would byte-compile (torch alone has ~2,100 modules)
-"$WORK/venv/bin/python" -m pip install -q --no-compile "$WHEEL" "tinker==0.38.0"
+"$WORK/venv/bin/python" -m pip install -q "$WHEEL" "tinker==0.38.0"
 
 PORT=$("$PY" -c "from skyrl_tx.ports import free_local_port; print(free_local_port())")
 mkdir "$WORK/data"
