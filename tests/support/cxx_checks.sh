@@ -19,21 +19,41 @@ ctest --test-dir build/py --output-on-failure -L cpu -j "$JOBS"
 
 if [ "${WITH_CUDA:-0}" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; then
   # The main build took the CUDA path (its tests run on the CPU); prove the CPU-only configuration of the core and the
-  # module compiles too. Its GoogleTests would repeat the same CPU code paths. Only the sources that test
-  # SKYRL_TX_WITH_CUDA compile differently without it, so only they are compiled (~1 min instead of ~4.5 min on 2
-  # cores); a header that tests it would change its includers, and then everything is built.
+  # module compiles too. Its GoogleTests would repeat the same CPU code paths. Only the sources that test a macro the
+  # two configurations define differently (the CUDA and NCCL paths; SKYRL_TX_TESTING, the test build's fault
+  # injection, which this release-like configuration leaves out) compile differently, so only they are compiled (~1
+  # min instead of ~4.5 min on 2 cores), with the includers of a header that tests one.
   part "CPU-only build (build/cpu-only)"
   cmake -S . -B build/cpu-only -G Ninja -DPython_EXECUTABLE="$PY" -DSKYRL_TX_WITH_CUDA=OFF \
     -DSKYRL_TX_BUILD_TESTS=OFF -DSKYRL_TX_WERROR=ON >/dev/null
-  if grep -rlq SKYRL_TX_WITH_CUDA csrc --include='*.h' --include='*.hpp' --include='*.cuh'; then
-    cmake --build build/cpu-only --target _C -j "$JOBS"
-  else
-    mapfile -t guarded < <(grep -rl SKYRL_TX_WITH_CUDA csrc --include='*.cpp' | sed 's|^csrc/||')
-    mapfile -t objects < <(ninja -C build/cpu-only -t targets all | cut -d: -f1 \
-      | grep -F -f <(printf '/%s.o\n' "${guarded[@]}"))
-    echo "compiling the ${#objects[@]} object(s) of the sources that test SKYRL_TX_WITH_CUDA: ${guarded[*]}"
-    [ "${#objects[@]}" -ge "${#guarded[@]}" ] || { echo "not every guarded source has an object target"; exit 1; }
-    ninja -C build/cpu-only -j "$JOBS" "${objects[@]}"
-  fi
+  differing='SKYRL_TX_WITH_CUDA|SKYRL_TX_WITH_NCCL|SKYRL_TX_TESTING'
+  # The sources that test one, and those that include (directly or through other headers) a header that does.
+  mapfile -t guarded < <("$PY" - "$differing" <<'PYEOF'
+import pathlib, re, sys
+root = pathlib.Path("csrc")
+files = {p.relative_to(root).as_posix(): p.read_text(errors="replace")
+         for p in root.rglob("*") if p.suffix in (".cpp", ".h", ".hpp", ".cuh")}
+marked = {name for name, text in files.items() if re.search(sys.argv[1], text)}
+while True:
+    headers = [name for name in marked if not name.endswith(".cpp")]
+    more = {name for name, text in files.items() if name not in marked
+            and any(f'#include "{header}"' in text for header in headers)}
+    if not more:
+        break
+    marked |= more
+print("\n".join(sorted(name for name in marked if name.endswith(".cpp"))))
+PYEOF
+  )
+  targets=$(ninja -C build/cpu-only -t targets all | cut -d: -f1)
+  objects=() absent=()
+  for source in "${guarded[@]}"; do
+    object=$(grep -F "/$source.o" <<<"$targets" || true)
+    if [ -n "$object" ]; then objects+=($object); else absent+=("$source"); fi
+  done
+  echo "compiling the ${#objects[@]} object(s) of the sources that compile differently ($differing, or a header" \
+    "that tests one): ${guarded[*]}"
+  [ "${#absent[@]}" = 0 ] || echo "not part of the CPU-only configuration: ${absent[*]}"
+  [ "${#objects[@]}" -gt 0 ] || { echo "no object target found for: ${guarded[*]}"; exit 1; }
+  ninja -C build/cpu-only -j "$JOBS" "${objects[@]}"
 fi
 part "done"

@@ -9,8 +9,8 @@ when the block raises, or on demand (`base_url.log_tail()`: the yielded URL is a
 
 Environment of the server: SKYRL_TX_DATA_DIR is a fresh temporary directory per server; SKYRL_TX_CACHE_DIR
 (where tiny presets are generated) is `cache_dir`, else the caller's $SKYRL_TX_CACHE_DIR (the session-scoped
-`preset_cache` fixture sets it), else one temporary directory shared by every server of this process, so
-presets are generated once per test session.
+`preset_cache` fixture sets it), else $SKYRL_TX_TEST_PRESET_CACHE (tests/run_all.sh's one directory for the run),
+else one temporary directory shared by every server of this process, so presets are generated once per test session.
 
 """
 
@@ -66,8 +66,9 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def _default_cache_dir() -> Path:
     global _shared_cache_dir
-    if os.environ.get("SKYRL_TX_CACHE_DIR"):
-        return Path(os.environ["SKYRL_TX_CACHE_DIR"])
+    for name in ("SKYRL_TX_CACHE_DIR", "SKYRL_TX_TEST_PRESET_CACHE"):  # the latter: tests/conftest.py, preset_cache
+        if os.environ.get(name):
+            return Path(os.environ[name])
     if _shared_cache_dir is None:
         _shared_cache_dir = Path(tempfile.mkdtemp(prefix="skyrl_tx_cache_"))
     return _shared_cache_dir

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 # Modules or folders whose tests take minutes in all (CI's --durations), slowest first; the rest keep their order.
-SLOW_FIRST = ("tests/plan/test_real_shapes.py", "tests/external/test_vllm_engine.py", "tests/api/test_engine_kills.py",
-              "tests/bench/", "tests/parallel/", "tests/cookbook/", "tests/api/test_request_order.py",
+# Except vLLM's (~2 min): after the ~7 worker-minutes of tests/bench and tests/parallel, since tests/run_all.sh
+# installs its venv in the background (niced) while the tests start, and its server waits for that install.
+SLOW_FIRST = ("tests/plan/test_real_shapes.py", "tests/api/test_engine_kills.py", "tests/bench/", "tests/parallel/",
+              "tests/external/test_vllm_engine.py", "tests/cookbook/", "tests/api/test_request_order.py",
               "tests/api/test_keys.py", "tests/console/")
 
 
