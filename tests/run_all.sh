@@ -103,7 +103,8 @@ UV_INSTALL=("$VENV/bin/uv" pip install -q --python "$PY" --compile-bytecode)
 if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
   export SKYRL_TX_VLLM_VENV=${SKYRL_TX_VLLM_VENV:-$HOME/.cache/skyrl_tx-vllm/venv}
   # Niced: the compile keeps the CPUs (the unpacking takes what it leaves).
-  bg_start vllm "vLLM for tests/external" nice -n 10 env UV="$VENV/bin/uv" PYTHON="$PYTHON" tests/support/install_vllm.sh
+  bg_start vllm "vLLM for tests/external" \
+    nice -n 10 env UV="$VENV/bin/uv" PYTHON="$PYTHON" tests/support/install_vllm.sh
   # Joined after pytest: the tests start without it, and tests/external's vLLM server waits for this file (its
   # install beside the compile and the real-shape phase ended ~80 s after that phase on a fresh machine)
   export SKYRL_TX_VLLM_INSTALL_DONE="$BG_DIR/vllm.done"
