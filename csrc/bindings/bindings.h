@@ -1,7 +1,10 @@
 // Declarations of the per-area binding functions that module.cpp calls.
 #pragma once
 
-#include <torch/extension.h>
+// Not <torch/extension.h>: that adds torch/all.h (the C++ frontend: nn, optim, data, serialize, jit), which no
+// binding uses, to what every binding compiles. This is pybind11 with torch's casters (Tensor, Device, dtype).
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace skyrl_tx::bindings {
 
