@@ -4,6 +4,7 @@
 #include <exception>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace skyrl_tx {
 
@@ -49,6 +50,13 @@ std::string str_cat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
+}
+
+// "a, b, c": the choices an error message lists.
+inline std::string join_with_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
 }
 
 }  // namespace skyrl_tx

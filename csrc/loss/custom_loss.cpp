@@ -10,12 +10,6 @@
 namespace skyrl_tx::loss {
 namespace {
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-  return out;
-}
-
 std::optional<at::ScalarType> parse_dtype(const std::string& name) {
   if (name == "float32" || name == "float") return at::kFloat;
   if (name == "float64" || name == "double") return at::kDouble;
@@ -83,7 +77,7 @@ Value call(const CustomLossOp& op, const std::string& what, std::vector<Value> a
     size_t i = 0;
     while (i < op.params.size() && op.params[i] != key) ++i;
     SKYRL_TX_CHECK(i < op.params.size(), InvalidArgument, what, " has no argument '", key, "'; it takes ",
-                   join(op.params));
+                   join_with_commas(op.params));
     SKYRL_TX_CHECK(i >= args.size(), InvalidArgument, what, " got argument '", key, "' twice");
     bound[i] = value.kind == Value::Kind::kNone ? nullptr : &value;
   }
@@ -113,7 +107,7 @@ CustomLoss::CustomLoss(CustomLossSpec spec) : spec_(std::move(spec)) {
     if (node.op == "placeholder") {
       SKYRL_TX_CHECK(placeholders < inputs && node.target == spec_.input_names[size_t(placeholders)],
                      InvalidArgument, where, " is input '", node.target, "', but the declared inputs are ",
-                     join(spec_.input_names), " in that order");
+                     join_with_commas(spec_.input_names), " in that order");
       ++placeholders;
       continue;
     }
@@ -122,7 +116,7 @@ CustomLoss::CustomLoss(CustomLossSpec spec) : spec_(std::move(spec)) {
     SKYRL_TX_CHECK(op_of(node) != nullptr, InvalidArgument, where, " calls ",
                    node.op == "call_method" ? "method '" : "'", node.target,
                    "', which this server does not run; allowed: ",
-                   join(node.op == "call_method" ? allowed_methods() : allowed_functions()));
+                   join_with_commas(node.op == "call_method" ? allowed_methods() : allowed_functions()));
     SKYRL_TX_CHECK(node.op == "call_function" || !node.args.empty(), InvalidArgument, where,
                    " calls a method without the tensor it is called on");
     if (node.target == "getattr" || node.target == "builtins.getattr") {  // tensor attributes: shape, ndim only

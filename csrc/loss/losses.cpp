@@ -36,18 +36,12 @@ namespace {
 const std::vector<std::string> kLossNames = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro",
                                              "gspo", "stable_reinforce", "custom"};
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-  return out;
-}
-
 }  // namespace
 
 LossKind parse_loss_kind(const std::string& name) {
   auto it = std::find(kLossNames.begin(), kLossNames.end(), name);
   SKYRL_TX_CHECK(it != kLossNames.end(), InvalidArgument, "forward_backward: loss_fn '", name,
-                 "' is not supported; use one of ", join(kLossNames));
+                 "' is not supported; use one of ", join_with_commas(kLossNames));
   return static_cast<LossKind>(it - kLossNames.begin());
 }
 
@@ -73,7 +67,7 @@ LossConfig parse_loss_config(LossKind kind, const std::map<std::string, double>&
   for (const auto& [key, value] : config) {
     SKYRL_TX_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(), InvalidArgument,
                    "forward_backward: loss_fn_config key '", key, "' is not used by loss '", loss_name(kind), "'",
-                   allowed.empty() ? std::string("; it takes no config") : "; valid keys: " + join(allowed));
+                   allowed.empty() ? std::string("; it takes no config") : "; valid keys: " + join_with_commas(allowed));
     if (key == "clip_low_threshold") out.clip_low = value;
     if (key == "clip_high_threshold") out.clip_high = value;
     if (key == "beta" || key == "kl_coeff") out.beta = value;

@@ -25,7 +25,7 @@ if [ "${WITH_CUDA:-0}" = 1 ] && [ "${SKYRL_TX_SKIP_CPU_ONLY_BUILD:-0}" != 1 ]; t
   # min instead of ~4.5 min on 2 cores), with the includers of a header that tests one.
   part "CPU-only build (build/cpu-only)"
   cmake -S . -B build/cpu-only -G Ninja -DPython_EXECUTABLE="$PY" -DSKYRL_TX_WITH_CUDA=OFF \
-    -DSKYRL_TX_BUILD_TESTS=OFF -DSKYRL_TX_WERROR=ON >/dev/null
+    -DSKYRL_TX_BUILD_TESTS=OFF -DSKYRL_TX_WERROR=ON -DSKYRL_TX_UNITY_BUILD=OFF >/dev/null
   differing='SKYRL_TX_WITH_CUDA|SKYRL_TX_WITH_NCCL|SKYRL_TX_TESTING'
   # The sources that test one, and those that include (directly or through other headers) a header that does.
   mapfile -t guarded < <("$PY" - "$differing" <<'PYEOF'
