@@ -105,8 +105,8 @@ if [ "${SKYRL_TX_SKIP_VLLM:-0}" != 1 ]; then
   # Niced: the compile keeps the CPUs (the unpacking takes what it leaves).
   bg_start vllm "vLLM for tests/external" \
     nice -n 10 env UV="$VENV/bin/uv" PYTHON="$PYTHON" tests/support/install_vllm.sh
-  # Joined after pytest: the tests start without it, and tests/external's vLLM server waits for this file (its
-  # install beside the compile and the real-shape phase ended ~80 s after that phase on a fresh machine)
+  # Joined after pytest: the tests start without it, and tests/external's vLLM server waits for this file (with pip,
+  # the install ended ~80 s after the real-shape phase on a fresh machine; with uv it ends during the compile)
   export SKYRL_TX_VLLM_INSTALL_DONE="$BG_DIR/vllm.done"
 fi
 

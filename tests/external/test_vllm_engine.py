@@ -30,12 +30,12 @@ LORA_RANK = 8
 API_KEY = "tml-test"  # any key of the SDK's shape: the server runs without --auth keys
 VLLM_MAX_LORA_RANK = 16  # below skyrl_tx's own limit (32), so an adapter vLLM refuses can be made
 
-MISSING = f"no vLLM venv at {VENV}: build it with tests/support/install_vllm.sh (~3 GB download, ~4 min)"
+MISSING = f"no vLLM venv at {VENV}: build it with tests/support/install_vllm.sh (~3 GB download, ~1 min)"
 # tests/run_all.sh builds the venv in the background while the other tests run, and names the file its install writes
 # ("start end exit-status") when it ends: the vLLM server waits for it (vllm_installed) instead of the run waiting
 # for the install before any test starts.
 INSTALL_DONE = os.environ.get("SKYRL_TX_VLLM_INSTALL_DONE")
-INSTALL_WAIT_S = 1800.0  # a fresh machine's install took ~11 min beside the compile and the tests
+INSTALL_WAIT_S = 1800.0  # niced beside the compile it took 154 s with uv (fresh machine), up to ~11 min with pip
 if not INSTALL_DONE and not (VENV / "bin" / "python").exists():  # CI must not pass without it
     if os.environ.get("CI", "").lower() in ("1", "true") and os.environ.get("SKYRL_TX_SKIP_VLLM") != "1":
         raise RuntimeError(MISSING)
