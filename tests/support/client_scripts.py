@@ -40,3 +40,9 @@ def exited_cleanly(returncode: int | str, output: str) -> bool:
                          "race; see tests/support/client_scripts.py): counted as a clean exit\n")
         return True
     return False
+
+
+if __name__ == "__main__":  # tests/support/wheel_check.sh: `client_scripts.py EXIT_STATUS STDERR_FILE` (a shell's status)
+    status = int(sys.argv[1])
+    with open(sys.argv[2], errors="replace") as stderr:
+        sys.exit(0 if exited_cleanly(-(status - 128) if status > 128 else status, stderr.read()) else 1)

@@ -48,6 +48,12 @@ for _ in $(seq 600); do
 done
 grep -q "engine ready" "$WORK/server.log" || { tail -40 "$WORK/server.log"; exit 1; }
 "$WORK/venv/bin/python" -c "import skyrl_tx, sys; assert '/venv/' in skyrl_tx.__file__, skyrl_tx.__file__"
+# With faulthandler, as the tests run client scripts: the SDK transport's known abort at interpreter exit, after the
+# script finished (tests/support/client_scripts.py), counts as a clean exit; any other failure fails the check.
+rc=0
 TINKER_BASE_URL="http://127.0.0.1:$PORT" TINKER_API_KEY=tml-wheel TINKER_TELEMETRY=0 STEPS=2 SEED=0 \
-  timeout 600 "$WORK/venv/bin/python" -W error::FutureWarning "$ROOT/examples/quickstart_pig_latin.py"
+  timeout 600 "$WORK/venv/bin/python" -X faulthandler -W error::FutureWarning "$ROOT/examples/quickstart_pig_latin.py" \
+  2>"$WORK/client.err" || rc=$?
+cat "$WORK/client.err" >&2
+"$PY" "$ROOT/tests/support/client_scripts.py" "$rc" "$WORK/client.err" || { echo "the quickstart failed (exit $rc)"; exit 1; }
 echo "wheel check: the quickstart ran against $WHEEL installed in a fresh venv"
