@@ -55,5 +55,6 @@ TINKER_BASE_URL="http://127.0.0.1:$PORT" TINKER_API_KEY=tml-wheel TINKER_TELEMET
   timeout 600 "$WORK/venv/bin/python" -X faulthandler -W error::FutureWarning "$ROOT/examples/quickstart_pig_latin.py" \
   2>"$WORK/client.err" || rc=$?
 cat "$WORK/client.err" >&2
-"$WORK/venv/bin/python" "$ROOT/tests/support/client_scripts.py" "$rc" "$WORK/client.err" || { echo "the quickstart failed (exit $rc)"; exit 1; }
+"$WORK/venv/bin/python" "$ROOT/tests/support/client_scripts.py" "$rc" "$WORK/client.err" \
+  || { echo "the quickstart failed (exit $rc)"; exit 1; }
 echo "wheel check: the quickstart ran against $WHEEL installed in a fresh venv"
