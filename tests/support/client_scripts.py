@@ -42,7 +42,8 @@ def exited_cleanly(returncode: int | str, output: str) -> bool:
     return False
 
 
-if __name__ == "__main__":  # tests/support/wheel_check.sh: `client_scripts.py EXIT_STATUS STDERR_FILE` (a shell's status)
+# tests/support/wheel_check.sh: `client_scripts.py EXIT_STATUS STDERR_FILE`, EXIT_STATUS as a shell reports it
+if __name__ == "__main__":
     status = int(sys.argv[1])
     with open(sys.argv[2], errors="replace") as stderr:
         sys.exit(0 if exited_cleanly(-(status - 128) if status > 128 else status, stderr.read()) else 1)
