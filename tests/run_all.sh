@@ -145,6 +145,10 @@ if [ "${SKYRL_TX_SKIP_WHEEL_CHECK:-0}" != 1 ]; then
   PY="$PY" tests/support/wheel_check.sh --build
   bg_start wheel "wheel (dist/): fresh venv, quickstart" env PY="$PY" tests/support/wheel_check.sh --check
 fi
+# The checkout's own Python byte-compiled once (after the wheel is packaged: none of it goes into dist/). These
+# machines set PYTHONDONTWRITEBYTECODE=1, under which every server, engine, rank and client process of the run compiled
+# what it imports of skyrl_tx/, tests/ and examples/ from source again. Python checks each .pyc against its source.
+"$PY" -m compileall -q -j 0 skyrl_tx tests examples migrations >/dev/null
 
 # GoogleTest (build, ctest) and the CPU-only build, niced, beside mkdocs and pytest (which take the CPU first): pytest
 # starts without waiting for them (tests/support/cxx_checks.sh says why). Joined after pytest; a failure fails the run.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from client_scripts import client_argv, exited_cleanly
 from keyed_server import keyed_server, service_clients
 from live_server import ServerUrl
 from perfetto_protos import parse_trace
@@ -65,10 +65,9 @@ def run(server_url: ServerUrl) -> Iterator[dict[str, Any]]:
 
 
 def export_with_cli(server_url: ServerUrl, session_id: str, key: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TINKER_BASE_URL": server_url, "TINKER_API_KEY": key, "TINKER_TELEMETRY": "0",
-           "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run([sys.executable, "-m", "tinker.cli.__main__", "-f", "json", "session", "export-trace",
-                           session_id, "--output", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "TINKER_BASE_URL": server_url, "TINKER_API_KEY": key, "TINKER_TELEMETRY": "0"}
+    return subprocess.run(client_argv("-m", "tinker.cli.__main__", "-f", "json", "session", "export-trace", session_id,
+                                      "--output", str(out)), env=env, capture_output=True, text=True, timeout=120)
 
 
 def slices(trace: Any) -> tuple[dict[int, Any], list[dict[str, Any]], dict[int, list[tuple[int, float]]]]:
@@ -114,7 +113,7 @@ def test_cli_exports_a_trace_of_every_request_with_its_phases(server_url, run, t
 
     out = tmp_path / "run.pftrace"
     result = export_with_cli(server_url, run["session_id"], server_url.keys["alice"], out)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert exited_cleanly(result.returncode, result.stderr), result.stderr[-3000:]
     tracks, spans, counters = slices(parse_trace(out.read_bytes()))
 
     # One top-level track per client, each request on a lane (a child track) of its client's track.

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_cli import run_bench
 
 from skyrl_tx.bench.report import numeric_leaves
 from skyrl_tx.bench.workloads import WORKLOADS
@@ -20,12 +19,9 @@ SAMPLE_KEYS = {"first_token_s", "decode_step_s"}
 TIMEOUT_S = 600
 
 
-def run_bench(args: list[str], tmp_path: Path) -> dict:
+def bench_report(args: list[str], tmp_path: Path) -> dict:
     out = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", *args, "--json", str(out)], env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    run_bench(*args, "--json", str(out), timeout_s=TIMEOUT_S)
     return json.loads(out.read_text())
 
 
@@ -35,7 +31,7 @@ def assert_finite(report: dict) -> None:
 
 
 def test_compute_benchmark_reports_every_workload(tmp_path: Path, preset_cache: Path) -> None:
-    report = run_bench(["--config", "tiny", "--threads", "1", "--warmup", "0", "--reps", "1",
+    report = bench_report(["--config", "tiny", "--threads", "1", "--warmup", "0", "--reps", "1",
                         "--workloads", *WORKLOADS], tmp_path)
     assert_finite(report)
     assert set(report["workloads"]) == set(WORKLOADS)
@@ -54,7 +50,7 @@ def test_compute_benchmark_reports_every_workload(tmp_path: Path, preset_cache: 
 
 
 def test_api_benchmark_reports_overheads(tmp_path: Path, preset_cache: Path) -> None:
-    report = run_bench(["api", "--warmup", "1", "--reps", "3"], tmp_path)
+    report = bench_report(["api", "--warmup", "1", "--reps", "3"], tmp_path)
     assert_finite(report)
     assert set(report["calls"]) == {"forward_backward", "optim_step", "sample"}
     for call, entry in report["calls"].items():

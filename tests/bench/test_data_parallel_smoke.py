@@ -5,22 +5,16 @@ ranks) while each rank holds half the optimizer state. No timing assertions."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from bench_cli import last_line_report, run_bench
 
 TIMEOUT_S = 420
 
 
 def test_data_parallel_benchmark_reports_collectives_per_layout(preset_cache: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "data-parallel", "--config", "tiny", "--reps", "1",
-                           "--threads", "2", "--tp", "1", "2"], env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = last_line_report(run_bench("data-parallel", "--config", "tiny", "--reps", "1", "--threads", "2",
+                                        "--tp", "1", "2", timeout_s=TIMEOUT_S))
     layouts = {(r["kind"], r["world"], r["tp"]): r for r in report["layouts"]}
     assert set(layouts) == {("lora", 1, 1), ("lora", 2, 1), ("lora", 2, 2), ("full", 1, 1), ("full", 2, 1),
                             ("full", 2, 2)}

@@ -4,22 +4,17 @@ a pair's wall time and GEMM time come from two runs, so on a busy machine even "
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from bench_cli import last_line_report, run_bench
 
 TIMEOUT_S = 300
 
 
 def test_gemm_share_benchmark_sees_the_cores_gemms(preset_cache: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "gemm-share", "--config", "tiny", "--reps", "1",
-                           "--threads", "1", "--fused-ab"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_bench("gemm-share", "--config", "tiny", "--reps", "1", "--threads", "1", "--fused-ab",
+                     timeout_s=TIMEOUT_S)
+    report = last_line_report(proc)
     # The core's matmuls reach the profiler (decode's figures are differences of two runs: only their presence).
     assert report["train"]["gemm_by_op_s"].get("aten::mm", 0) > 0 and report["train"]["gemm_s"] > 0, report["train"]
     assert "aten::mm" in report["decode_batch_16"]["gemm_by_op_s"], report["decode_batch_16"]

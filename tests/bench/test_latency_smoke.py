@@ -4,11 +4,9 @@ answered), and the in-process peer. No timing assertions."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from bench_cli import last_line_report, run_bench
 
 from skyrl_tx.api.trace.build import PHASES
 
@@ -16,11 +14,8 @@ TIMEOUT_S = 300
 
 
 def test_latency_benchmark_reports_phases_idle_beside_a_hog_and_the_peer(preset_cache: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "latency", "--steps", "4", "--warmup", "1",
-                           "--hogs", "1"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = last_line_report(run_bench("latency", "--steps", "4", "--warmup", "1", "--hogs", "1",
+                                        timeout_s=TIMEOUT_S))
     assert set(report["runs"]) == {"idle", "1 CPU hog(s)", "in-process engine (peer)"}
     for label in ("idle", "1 CPU hog(s)"):
         run = report["runs"][label]

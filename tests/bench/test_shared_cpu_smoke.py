@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from bench_cli import run_bench
 
 TIMEOUT_S = 600
 
 
 def test_shared_cpu_benchmark_reports_both_policies(tmp_path: Path, preset_cache: Path) -> None:
     out = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the bench removes it from its servers: their policy decides
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "shared-cpu", "--rounds", "1", "--steps", "2",
-                           "--warmup", "0", "--json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    # (run_bench sets OMP_NUM_THREADS=1; the bench removes it from its servers: their policy decides)
+    proc = run_bench("shared-cpu", "--rounds", "1", "--steps", "2", "--warmup", "0", "--json", str(out),
+                     timeout_s=TIMEOUT_S)
     report = json.loads(out.read_text())
     assert set(report["policies"]) == {"torch", "fit"}
     for name, policy in report["policies"].items():

@@ -4,11 +4,9 @@ say. No timing assertions."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
+
+from bench_cli import last_line_report, run_bench
 
 TIMEOUT_S = 300
 
@@ -17,12 +15,8 @@ def test_weight_sync_benchmark_reports_both_payloads() -> None:
     from skyrl_tx.bench.configs import CONFIGS
     from skyrl_tx.bench.weight_sync import adapter_shapes, model_shapes
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "skyrl_tx.bench", "weight-sync", "--config", "tiny", "--receivers",
-                           "2", "--reps", "1", "--lora-rank", "8", "--bucket-mb", "1"], env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = last_line_report(run_bench("weight-sync", "--config", "tiny", "--receivers", "2", "--reps", "1",
+                                        "--lora-rank", "8", "--bucket-mb", "1", timeout_s=TIMEOUT_S))
     by_payload = {r["payload"]: r for r in report["payloads"]}
     cfg = CONFIGS["tiny"]
     expected = {"adapter": (adapter_shapes(cfg, 8), 4), "full": (model_shapes(cfg), 4)}  # tiny is float32
