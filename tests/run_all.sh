@@ -119,7 +119,7 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))' >"$BG_
 bg_start deps "python dependencies (pyproject.toml: runtime + test extra)" \
   "${UV_INSTALL[@]}" -r "$BG_DIR/requirements.txt"
 
-# The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executables configured here build
+# The module alone (-Cbuild.targets=_C: the core and the bindings); the GoogleTest executable configured here builds
 # in the background beside pytest (tests/support/cxx_checks.sh, below).
 step "build + install skyrl_tx (editable, the module)"
 "$PY" -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/py -Cbuild.targets=_C \

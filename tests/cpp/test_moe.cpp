@@ -23,7 +23,7 @@ namespace {
 using skyrl_tx::testing::make_gen;
 using skyrl_tx::testing::randn;
 
-constexpr int64_t kSlots = 3, kMaxRank = 4, kTokensPerRow = 5;
+constexpr int64_t kMoeSlots = 3, kMoeMaxRank = 4, kTokensPerRow = 5;
 
 ModelConfig moe_config(int64_t shared) {
   ModelConfig c = skyrl_tx::testing::tiny_qwen3_config();
@@ -128,7 +128,7 @@ struct MoeFixture {
     if (config.scoring_func == "sigmoid") weights["mlp.gate.e_score_correction_bias"] = randn({config.num_experts}, gen,
                                                                                              0.3);
     WeightStore store(weights, at::kFloat, at::kCPU);
-    BuildContext ctx{store, kSlots, kMaxRank};
+    BuildContext ctx{store, kMoeSlots, kMoeMaxRank};
     mlp = std::make_unique<MoeMlp>(config, ctx, "mlp");
     store.finish();
     mlp->collect_lora("mlp", mods);
@@ -166,7 +166,7 @@ TEST_P(MoeMlpTest, SegmentedAndRowDenseBatchesEqualThePerTokenFormula) {
   c10::NoGradGuard inference;  // the row-dense path serves sampling only
   at::Tensor row_slot = at::tensor(slot_of_token, at::kLong);
   at::Tensor row_dense =
-      f.mlp->forward(x, lora::AdapterSegments::row_dense(lora::slot_columns(row_slot, kSlots, kMaxRank)));
+      f.mlp->forward(x, lora::AdapterSegments::row_dense(lora::slot_columns(row_slot, kMoeSlots, kMoeMaxRank)));
   lora::LoraLinear::set_row_dense_batches(lora::RowDenseBatches::kOnGpu);
   EXPECT_TENSOR_CLOSE(row_dense, expected, 1e-5, 1e-5);
   // The adapters matter (else the checks above would not see a wrong slot).

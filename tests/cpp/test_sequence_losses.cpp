@@ -49,7 +49,7 @@ GspoBatch gspo_batch(uint64_t seed) {
 // The datum of each of gspo_batch's tokens: two padded rows of five.
 at::Tensor two_rows_of_five() { return at::arange(2, at::kLong).repeat_interleave(5); }
 
-TEST(LossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
+TEST(SequenceLossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
   GspoBatch b = gspo_batch(70);
   at::Tensor diff = b.lp - b.in.sampling_logprobs;
   const double s0 = diff.narrow(0, 2, 3).mean().item<double>();
@@ -64,7 +64,7 @@ TEST(LossTest, SequenceLogRatioIsTheMaskedMeanPerDatum) {
   EXPECT_TENSOR_EQ(sequence_log_ratio(b.lp, b.in, two_rows_of_five(), 2), at::zeros({10}, at::kFloat));
 }
 
-TEST(LossTest, SequenceLogRatioFollowsPackedDatumBoundaries) {
+TEST(SequenceLossTest, SequenceLogRatioFollowsPackedDatumBoundaries) {
   // Packed sequences: data of 3 and 7 tokens back to back, no padding; each datum's mean is over its own tokens.
   GspoBatch b = gspo_batch(72);
   b.in.valid = at::ones({10}, at::kBool);
@@ -80,7 +80,7 @@ TEST(LossTest, SequenceLogRatioFollowsPackedDatumBoundaries) {
   EXPECT_TENSOR_CLOSE(sequence_log_ratio(b.lp, b.in, owner, 2), expected, 1e-6, 1e-6);
 }
 
-TEST(LossTest, GspoTokensShareTheSequenceRatioAndKeepTheirOwnGradient) {
+TEST(SequenceLossTest, GspoTokensShareTheSequenceRatioAndKeepTheirOwnGradient) {
   GspoBatch b = gspo_batch(71);
   b.in.seq_log_ratio = sequence_log_ratio(b.lp, b.in, two_rows_of_five(), 2);
   b.in.clip_low.fill_(0.0), b.in.clip_high.fill_(100.0);  // nothing clipped: the plain GSPO-token gradient
@@ -93,7 +93,7 @@ TEST(LossTest, GspoTokensShareTheSequenceRatioAndKeepTheirOwnGradient) {
   EXPECT_TENSOR_CLOSE(lp.grad(), -s * b.in.advantages * b.in.weights * valid, 1e-5, 1e-6);
 }
 
-TEST(LossTest, GspoClipsTheSequenceRatioForWholeDatums) {
+TEST(SequenceLossTest, GspoClipsTheSequenceRatioForWholeDatums) {
   GspoBatch b = gspo_batch(72);
   // Datum 0's ratio exp(0.5) > 1.2, datum 1's exp(-0.5) < 0.8; advantages of both signs in each.
   b.in.seq_log_ratio = at::tensor({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, -0.5f, -0.5f, -0.5f, -0.5f, -0.5f});
@@ -116,7 +116,7 @@ batching::TrainRequest gspo_request(std::map<std::string, at::Tensor> inputs) {
   return {"m", {d}, "gspo", {}};
 }
 
-TEST(LossTest, GspoRatioMaskDefaultsToTrainedTokens) {
+TEST(SequenceLossTest, GspoRatioMaskDefaultsToTrainedTokens) {
   std::map<std::string, at::Tensor> inputs = {{"target_tokens", at::tensor({2, 3, 4, 5}, at::kLong)},
                                               {"logprobs", at::full({4}, -1.0f, at::kFloat)},
                                               {"advantages", at::tensor({0.f, 0.5f, 0.5f, 0.5f})},
@@ -133,7 +133,7 @@ TEST(LossTest, GspoRatioMaskDefaultsToTrainedTokens) {
   EXPECT_FALSE(batching::validate_requests({other}).at(0).ratio_mask.defined());
 }
 
-TEST(LossTest, NewLossesNameAMissingInput) {
+TEST(SequenceLossTest, NewLossesNameAMissingInput) {
   for (const char* name : {"gspo", "stable_reinforce"}) {
     SCOPED_TRACE(name);
     batching::TrainRequest req = gspo_request({{"target_tokens", at::tensor({2, 3, 4, 5}, at::kLong)},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The C++ checks tests/run_all.sh runs in the background beside pytest, after pip has built and installed the module
-# alone (`-Cbuild.targets=_C`): the GoogleTest executables in build/py, ctest, and the CPU-only build's sources that
+# alone (`-Cbuild.targets=_C`): the GoogleTest executable in build/py, ctest, and the CPU-only build's sources that
 # differ (when the main build took the CUDA path). Why beside pytest: run first, in series, they held pytest back
 # ~3 min on 2 cores; niced beside it, they take what pytest leaves (its processes' waits on their servers) and pytest
 # starts at once (a cold local run: pytest at 259 s, these done 521 s later, the real-shape phase 381 s against 377).
