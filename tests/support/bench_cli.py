@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
 from typing import Any
 
 from client_scripts import client_argv, exited_cleanly
@@ -15,12 +14,10 @@ from client_scripts import client_argv, exited_cleanly
 TIMEOUT_S = 600
 
 
-def run_bench(*args: str, env: Mapping[str, str] | None = None,
-              timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run_bench(*args: str, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Runs the benchmark CLI with `args`; fails the test (with its output) unless it exited cleanly."""
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(client_argv("-m", "skyrl_tx.bench", *args), env=environ, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    proc = subprocess.run(client_argv("-m", "skyrl_tx.bench", *args), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
     assert exited_cleanly(proc.returncode, proc.stderr), \
         f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     return proc
