@@ -249,9 +249,11 @@ def test_streaming_from_a_sampler_engine_follows_its_decode_steps(preset_cache) 
 def test_rl_steps_keep_every_sampler_engine_bit_identical_to_the_trainer(preset_cache) -> None:
     """Five RL-style steps (train, ephemeral sync, sample): with weight_sync_digests every sync's weights hash the
     same on the trainer and on both sampler engines, and the sampled tokens' logprobs equal a forward pass of the
-    trainer's model over them to 1e-5."""
+    trainer's model over them to 1e-5. The session's request timings give each sample its compute boundary."""
     import re
+    from datetime import datetime
 
+    import httpx
     import tinker
     from tinker import types
 
@@ -277,7 +279,15 @@ def test_rl_steps_keep_every_sampler_engine_bit_identical_to_the_trainer(preset_
                     trainer = forward.loss_fn_outputs[0]["logprobs"].tolist()[len(PROMPT) - 1:]
                     assert max(abs(a - b) for a, b in zip(seq.logprobs, trainer)) <= 1e-5, step
                     data.append(datum)  # the next step trains on what was sampled
+            # The session trace's phases of the samples the sampler engines computed: each has its compute boundary
+            # (computed: when the trainer's engine received the finished sample), between claimed and completed.
+            timings = httpx.get(f"{url}/api/v1/sessions/{service.holder.get_session_id()}/request_timings",
+                                headers={"X-API-Key": "tml-sampler"}, timeout=60).json()["requests"]
         log = url.log_path.read_text(errors="replace")
+    samples = [{k: datetime.fromisoformat(v) for k, v in r["times"].items() if v is not None}
+               for r in timings if r["request_type"] == "sample"]
+    assert len(samples) == 5, [r["request_type"] for r in timings]
+    assert all("computed" in t and t["claimed"] <= t["computed"] <= t["completed"] for t in samples), samples
     digests = re.findall(r"weight sync (\d+) digest: trainer (\w+), sampler engines \['(\w+)', '(\w+)'\]", log)
     assert len(digests) == 5, log[-3000:]
     assert all(trainer == a == b for _, trainer, a, b in digests), digests
